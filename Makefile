@@ -1,0 +1,43 @@
+# make run  — the demo on the embedded SQLite database (web server + django-q2 cluster)
+# make test — checks, lint, and the whole suite on SQLite and on PostgreSQL
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+PORT      ?= 8000
+PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/agenttasks
+
+.PHONY: install run test test-sqlite test-postgres lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev,postgres]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) manage.py migrate --no-input
+	$(PY) manage.py demo_setup --port $(PORT)
+	@trap 'kill 0' INT TERM EXIT; \
+	$(PY) manage.py qcluster & \
+	$(PY) manage.py runserver 0.0.0.0:$(PORT)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install lint
+	$(PY) manage.py check
+	$(PY) manage.py makemigrations --check --dry-run
+	$(MAKE) test-sqlite
+	$(MAKE) test-postgres
+
+test-sqlite: install
+	$(VENV)/bin/pytest
+
+test-postgres: install
+	DATABASE_URL=$(PG_TEST_URL) $(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) db.sqlite3* db-test.sqlite3* .pytest_cache

@@ -1,0 +1,149 @@
+"""System checks: required apps, AGENTTASKS keys and hooks, agents, django-q2 and database setup."""
+
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from .conf import DEFAULTS, app_settings
+
+REQUIRED_APPS = ("rest_framework", "django_q")
+
+
+@register(Tags.compatibility)
+def check_required_apps(app_configs=None, **kwargs):
+    """Every app agenttasks relies on is installed."""
+    return [
+        Error(
+            f"agenttasks needs {name!r} in INSTALLED_APPS.",
+            hint=f"Add {name!r} to INSTALLED_APPS.",
+            id="agenttasks.E001",
+        )
+        for name in REQUIRED_APPS
+        if not apps.is_installed(name)
+    ]
+
+
+@register()
+def check_settings(app_configs=None, **kwargs):
+    """AGENTTASKS holds only known keys, and its hooks import."""
+    messages = []
+    user = getattr(settings, "AGENTTASKS", None) or {}
+    if not isinstance(user, dict):
+        return [Error("AGENTTASKS must be a dict.", id="agenttasks.E002")]
+    for key in sorted(set(user) - set(DEFAULTS)):
+        hint = "rest.md's HITL is DEFAULT_HITL here." if key == "HITL" else None
+        messages.append(
+            Warning(
+                f"Unknown AGENTTASKS key {key!r}: it is ignored.", hint=hint, id="agenttasks.W001"
+            )
+        )
+    for table in ("CONTINUE", "DESCRIBE_STATE"):
+        for kind, path in (user.get(table) or {}).items():
+            if isinstance(path, str):
+                try:
+                    import_string(path)
+                except ImportError as exc:
+                    messages.append(
+                        Error(
+                            f"AGENTTASKS[{table!r}][{kind!r}] cannot be imported: {exc}",
+                            id="agenttasks.E003",
+                        )
+                    )
+    if app_settings.LEASE_TIMEOUT <= 2 * app_settings.HEARTBEAT_INTERVAL:
+        messages.append(
+            Warning(
+                "AGENTTASKS LEASE_TIMEOUT should be more than twice HEARTBEAT_INTERVAL, "
+                "or a slow heartbeat makes a live run look dead.",
+                id="agenttasks.W002",
+            )
+        )
+    return messages
+
+
+@register()
+def check_agents(app_configs=None, **kwargs):
+    """Every agent definition loads; warn about what will not work as written."""
+    from .runtime import registry
+
+    registry.reset()
+    try:
+        agents = registry.agents()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="agenttasks.E004")]
+    messages = []
+    known = {a.id for a in agents}
+    for agent in agents:
+        for member in agent.team:
+            if member not in known:
+                messages.append(
+                    Warning(
+                        f"agent {agent.id!r}: team member {member!r} is not registered.",
+                        id="agenttasks.W003",
+                    )
+                )
+        if agent.runtime == "callable" and (agent.team or agent.tools):
+            messages.append(
+                Warning(
+                    f"agent {agent.id!r}: team and tools have no effect on a callable agent.",
+                    id="agenttasks.W004",
+                )
+            )
+        if agent.runtime == "chat" and not app_settings.MODEL_BASE_URL:
+            messages.append(
+                Warning(
+                    f"agent {agent.id!r}: chat agents need MODEL_BASE_URL.",
+                    hint="Set AGENTTASKS['MODEL_BASE_URL'] or AGENTTASKS_MODEL_BASE_URL.",
+                    id="agenttasks.W005",
+                )
+            )
+        elif (
+            agent.runtime == "chat"
+            and agent.model in ("", "inherit")
+            and not app_settings.DEFAULT_MODEL
+        ):
+            messages.append(
+                Warning(
+                    f"agent {agent.id!r}: its model is 'inherit' but DEFAULT_MODEL is unset.",
+                    id="agenttasks.W006",
+                )
+            )
+    return messages
+
+
+@register()
+def check_cluster(app_configs=None, **kwargs):
+    """django-q2 re-delivers a job only after it could have timed out."""
+    q = getattr(settings, "Q_CLUSTER", None) or {}
+    timeout, retry = q.get("timeout"), q.get("retry")
+    if timeout is not None and retry is not None and retry <= timeout:
+        return [
+            Warning(
+                "Q_CLUSTER['retry'] should be greater than Q_CLUSTER['timeout'], or django-q2 "
+                "delivers a job again while it is still running.",
+                id="agenttasks.W007",
+            )
+        ]
+    return []
+
+
+@register(Tags.database)
+def check_sqlite(app_configs=None, databases=None, **kwargs):
+    """On SQLite, transactions must take the write lock at BEGIN for the store's checks to hold."""
+    messages = []
+    for alias in databases or ():
+        conn = connections[alias]
+        if (
+            conn.vendor == "sqlite"
+            and (conn.settings_dict.get("OPTIONS") or {}).get("transaction_mode") != "IMMEDIATE"
+        ):
+            messages.append(
+                Warning(
+                    f"Database {alias!r} is SQLite without transaction_mode IMMEDIATE.",
+                    hint='Set "OPTIONS": {"transaction_mode": "IMMEDIATE"}.',
+                    id="agenttasks.W008",
+                )
+            )
+    return messages

@@ -1,0 +1,147 @@
+"""The AGENTTASKS settings: defaults, validation of numbers, lazy reads, reload on change."""
+
+import os
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
+
+# Numeric settings: a value that is missing, None or <= 0 reads as the default.
+NUMERIC_DEFAULTS: dict[str, float] = {
+    "SUMMARY_LIMIT": 300,
+    "MAX_STATUS_WAIT": 120,
+    "MAX_DEPTH": 1,
+    "MAX_ATTEMPTS": 3,
+    "MAX_CONTINUATIONS": 50,
+    "HEARTBEAT_INTERVAL": 5,
+    "LEASE_TIMEOUT": 30,
+    "REQUEUE_AFTER": 60,
+    "REAP_INTERVAL": 10,
+    "MAX_REQUEST_BYTES": 52_428_800,
+    "MAX_INPUT_CHARS": 100_000,
+    "MAX_METADATA_BYTES": 16_384,
+    "STREAM_MAX_SECONDS": 300,
+    "STREAM_KEEPALIVE_SECONDS": 15,
+    "CALLBACK_TIMEOUT": 10,
+    "MODEL_TIMEOUT": 120,
+    "DELEGATION_MAX_DEPTH": 3,
+    "DELEGATION_MAX_PARALLEL": 8,
+    "DELEGATION_WAIT_POLL": 0.5,
+    "DELEGATION_WAIT_TIMEOUT": 600,
+}
+
+DEFAULTS: dict[str, Any] = {
+    **NUMERIC_DEFAULTS,
+    # An int, or a dotted path to a zero-argument callable returning one; read at every spawn.
+    "MAX_CONCURRENT_PER_PARENT": 6,
+    # 0 means no limit, so this one is not in NUMERIC_DEFAULTS.
+    "MAX_ACTIVE_TASKS_PER_USER": 20,
+    # 0 means no retries at all, so this one is not in NUMERIC_DEFAULTS either.
+    "MODEL_RETRIES": 2,
+    "CONTINUE": {},
+    "DESCRIBE_STATE": {},
+    "AGENTS": {},
+    "ALLOW_ANONYMOUS": False,
+    "ALLOW_ANONYMOUS_LIST": False,
+    "AUTHENTICATION_CLASSES": None,
+    "THROTTLE_RATES": {},
+    "CALLBACK_ALLOWED_HOSTS": [],
+    "CALLBACK_SIGNING_SECRET": None,
+    "SERVE_DOCS": True,
+    "FILES": {
+        "enabled": True,
+        "allowedTypes": ["*/*"],
+        "maxSize": 10_485_760,
+        "maxCount": 10,
+        "retentionDays": 30,
+    },
+    "FILE_STORAGE": "default",
+    "DEFAULT_HITL": {"timeout_minutes": 60, "on_timeout": "deny"},
+    "DEFAULT_BUDGET": {
+        "max_turns": 6,
+        "max_tokens": None,
+        "max_tool_calls": None,
+        "max_wall_seconds": None,
+    },
+    "MODEL_BASE_URL": None,
+    "MODEL_API_KEY": None,
+    "DEFAULT_MODEL": None,
+    "MODEL_HEADERS": {},
+}
+
+# Settings that fall back to an environment variable when unset or empty.
+ENVIRONMENT_FALLBACKS = {
+    "MODEL_BASE_URL": "AGENTTASKS_MODEL_BASE_URL",
+    "MODEL_API_KEY": "AGENTTASKS_MODEL_API_KEY",
+    "DEFAULT_MODEL": "AGENTTASKS_DEFAULT_MODEL",
+}
+
+
+class AppSettings:
+    """Read AGENTTASKS lazily; `app_settings.SUMMARY_LIMIT` and so on."""
+
+    def __init__(self):
+        self._cache: dict[str, Any] = {}
+
+    @property
+    def user_settings(self) -> dict:
+        return getattr(settings, "AGENTTASKS", None) or {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Unknown AGENTTASKS setting: {name}")
+        if name in self._cache:
+            return self._cache[name]
+        value = self._read(name)
+        if name != "MAX_CONCURRENT_PER_PARENT":  # may be a callable evaluated at every read
+            self._cache[name] = value
+        return value
+
+    def _read(self, name: str) -> Any:
+        raw = self.user_settings.get(name)
+        default = DEFAULTS[name]
+        if name in NUMERIC_DEFAULTS:
+            return _positive_number(raw, default)
+        if name == "MAX_CONCURRENT_PER_PARENT":
+            if isinstance(raw, str):
+                raw = import_string(raw)()
+            return int(_positive_number(raw, default))
+        if name in ("MAX_ACTIVE_TASKS_PER_USER", "MODEL_RETRIES"):
+            return int(raw) if isinstance(raw, int) and raw >= 0 else default
+        if name in ENVIRONMENT_FALLBACKS:
+            # The environment is read when a value is needed, never at import time.
+            return raw or os.environ.get(ENVIRONMENT_FALLBACKS[name]) or None
+        if name in ("FILES", "DEFAULT_HITL", "DEFAULT_BUDGET"):
+            return {**default, **(raw or {})}
+        if raw is None:
+            return default
+        return raw
+
+    def hook(self, table: str, kind: str):
+        """Return the callable registered for `kind` in CONTINUE or DESCRIBE_STATE, or None."""
+        path = (getattr(self, table) or {}).get(kind) if kind else None
+        return import_string(path) if isinstance(path, str) else path
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+
+def _positive_number(value, default):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return default
+    return value
+
+
+app_settings = AppSettings()
+
+
+def _reload(*, setting, **kwargs):
+    if setting == "AGENTTASKS":
+        app_settings.reload()
+        from .runtime import registry
+
+        registry.reset()
+
+
+setting_changed.connect(_reload)

@@ -1,0 +1,20 @@
+"""The data model: conversations and their event log, tasks, runs, actions, wake-ups, files."""
+
+from .action import PendingAction
+from .conversation import Conversation, Event
+from .file import File
+from .run import Run
+from .task import Comment, Task, TaskResult
+from .wakeup import Wakeup
+
+__all__ = [
+    "Comment",
+    "Conversation",
+    "Event",
+    "File",
+    "PendingAction",
+    "Run",
+    "Task",
+    "TaskResult",
+    "Wakeup",
+]

@@ -1,0 +1,91 @@
+from django.db import models
+from django.utils import timezone
+
+from .. import ids
+from ..states import RunStatus, RunTrigger, StopRequest
+
+
+class Run(models.Model):
+    """One execution of an agent on a conversation: what a worker claims, heartbeats and ends."""
+
+    id = models.CharField(
+        primary_key=True, max_length=ids.MAX_ID_LENGTH, default=ids.new_run_id, editable=False
+    )
+    conversation = models.ForeignKey(
+        "agenttasks.Conversation",
+        on_delete=models.CASCADE,
+        related_name="runs",
+        verbose_name="conversation",
+    )
+    task = models.ForeignKey(
+        "agenttasks.Task",
+        null=True,
+        blank=True,
+        # A run is deleted with its conversation; a task row deleted on its own leaves history.
+        on_delete=models.SET_NULL,
+        related_name="runs",
+        verbose_name="task",
+    )
+    agent = models.CharField("agent", max_length=64)
+    trigger = models.CharField("trigger", max_length=16, choices=RunTrigger.choices)
+    input = models.TextField("input", blank=True)
+    attempt = models.PositiveIntegerField("attempt", default=1)
+    status = models.CharField(
+        "status", max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED
+    )
+    stop_request = models.CharField(
+        "stop request", max_length=16, choices=StopRequest.choices, default="", blank=True
+    )
+    worker = models.CharField("worker", max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField("heartbeat", null=True, blank=True)
+    queued_at = models.DateTimeField("queued", default=timezone.now)
+    started_at = models.DateTimeField("started", null=True, blank=True)
+    ended_at = models.DateTimeField("ended", null=True, blank=True)
+    output = models.TextField("output", blank=True)
+    error = models.TextField("error", blank=True)
+    graceful_stop = models.BooleanField("graceful stop", default=False)
+    progress = models.JSONField(
+        "progress state", null=True, blank=True, help_text="The last progress state recorded."
+    )
+    turns = models.PositiveIntegerField("turns", default=0)
+    tool_calls = models.PositiveIntegerField("tool calls", default=0)
+    prompt_tokens = models.PositiveIntegerField("prompt tokens", default=0)
+    completion_tokens = models.PositiveIntegerField("completion tokens", default=0)
+    total_tokens = models.PositiveIntegerField("total tokens", default=0)
+    usage_known = models.BooleanField("usage known", default=False)
+    exec_seconds = models.FloatField("seconds executing", default=0)
+    counted_in = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="absorbed_runs",
+        verbose_name="counted in",
+        help_text="The caller run whose usage absorbed this delegate run's usage.",
+    )
+    created_at = models.DateTimeField("created", auto_now_add=True)
+
+    class Meta:
+        verbose_name = "run"
+        verbose_name_plural = "runs"
+        ordering = ["created_at", "id"]
+        indexes = [
+            # The reaper: running runs by heartbeat, queued runs by age.
+            models.Index(fields=["status", "heartbeat_at"], name="agenttasks_run_lease_idx"),
+            models.Index(fields=["status", "queued_at"], name="agenttasks_run_queue_idx"),
+            # Busy checks and wake guards: the active runs of one conversation.
+            models.Index(fields=["conversation", "status"], name="agenttasks_run_conv_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def usage(self) -> dict | None:
+        if not self.usage_known:
+            return None
+        return {
+            "inputTokens": self.prompt_tokens,
+            "outputTokens": self.completion_tokens,
+            "totalTokens": self.total_tokens,
+        }

@@ -1,0 +1,176 @@
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .. import ids
+from ..states import TaskStatus
+
+
+class Task(models.Model):
+    """The durable entity: a sub-agent's job that outlives the turn that started it."""
+
+    id = models.CharField(
+        primary_key=True, max_length=ids.MAX_ID_LENGTH, default=ids.new_task_id, editable=False
+    )
+    # The current run. Replaced only by the store's advance, retry_claim and reopen.
+    run = models.ForeignKey(
+        "agenttasks.Run",
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        verbose_name="current run",
+    )
+    attempt = models.IntegerField("attempt", default=1)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="agenttasks_tasks",
+        verbose_name="owner",
+    )
+    agent = models.CharField("agent", max_length=64)
+    input = models.TextField("input")
+    label = models.CharField("label", max_length=200, blank=True)
+    kind = models.CharField("kind", max_length=64, blank=True)
+    state = models.JSONField("state", null=True, blank=True)
+    inherit = models.JSONField("agent snapshot", default=dict, blank=True)
+    depth = models.PositiveIntegerField("depth", default=1)
+    conversation = models.OneToOneField(
+        "agenttasks.Conversation",
+        on_delete=models.CASCADE,
+        related_name="task",
+        verbose_name="conversation",
+    )
+    parent_conversation = models.ForeignKey(
+        "agenttasks.Conversation",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="spawned_tasks",
+        verbose_name="parent conversation",
+    )
+    parent_run = models.ForeignKey(
+        "agenttasks.Run",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="spawned_tasks",
+        verbose_name="spawning run",
+    )
+    tool_call_id = models.CharField("tool call id", max_length=200, blank=True)
+    delegation_key = models.CharField("delegation key", max_length=64, blank=True)
+    status = models.CharField(
+        "status", max_length=32, choices=TaskStatus.choices, default=TaskStatus.PENDING
+    )
+    stop_reason = models.CharField("stop reason", max_length=64, blank=True)
+    continuations = models.PositiveIntegerField("continuations", default=0)
+    summary = models.TextField("summary", blank=True)
+    result = models.TextField("result", blank=True)
+    error = models.TextField("error", blank=True)
+    callback_url = models.CharField("callback URL", max_length=2000, blank=True)
+    metadata = models.JSONField("metadata", default=dict, blank=True)
+    created_at = models.DateTimeField("created", default=timezone.now)
+    updated_at = models.DateTimeField("updated", default=timezone.now)
+    started_at = models.DateTimeField("started", null=True, blank=True)
+    finished_at = models.DateTimeField("finished", null=True, blank=True)
+
+    class Meta:
+        verbose_name = "task"
+        verbose_name_plural = "tasks"
+        ordering = ["-created_at", "-id"]
+        permissions = [
+            ("cancel_task", "Can cancel tasks"),
+            ("retry_task", "Can retry tasks"),
+        ]
+        indexes = [
+            # A user's tasks, newest first, optionally by status.
+            models.Index(fields=["owner", "-created_at", "-id"], name="agenttasks_task_owner_idx"),
+            models.Index(
+                fields=["owner", "status", "-created_at", "-id"],
+                name="agenttasks_task_owner_st_idx",
+            ),
+            # The tasks of a parent conversation (cap counts, listings, tree walks).
+            models.Index(
+                fields=["parent_conversation", "status"], name="agenttasks_task_parent_idx"
+            ),
+            models.Index(fields=["status", "updated_at"], name="agenttasks_task_status_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["parent_conversation", "delegation_key"],
+                condition=Q(kind="delegate"),
+                name="agenttasks_task_delegation_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=TaskStatus.values), name="agenttasks_task_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    def attempt_no(self) -> int:
+        """Return the attempt number, reading 0 or less as the first attempt."""
+        return self.attempt if self.attempt > 0 else 1
+
+
+class TaskResult(models.Model):
+    """The result of a task: the final one, or the partial one written when it paused."""
+
+    id = models.CharField(
+        primary_key=True, max_length=ids.MAX_ID_LENGTH, default=ids.new_result_id, editable=False
+    )
+    task = models.OneToOneField(
+        Task, on_delete=models.CASCADE, related_name="task_result", verbose_name="task"
+    )
+    run_id = models.CharField("run", max_length=ids.MAX_ID_LENGTH)
+    content = models.TextField("content", blank=True)
+    partial = models.BooleanField("partial", default=False)
+    files = models.JSONField("files", default=list, blank=True)
+    metadata = models.JSONField("metadata", default=dict, blank=True)
+    usage = models.JSONField("usage", null=True, blank=True)
+    created_at = models.DateTimeField("created", auto_now_add=True)
+
+    class Meta:
+        verbose_name = "task result"
+        verbose_name_plural = "task results"
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Comment(models.Model):
+    """A comment on a task: a user's (re-opening it) or the agent's legacy clarification."""
+
+    class Role(models.TextChoices):
+        USER = "user", "user"
+        AGENT = "agent", "agent"
+
+    id = models.CharField(
+        primary_key=True, max_length=ids.MAX_ID_LENGTH, default=ids.new_comment_id, editable=False
+    )
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="comments", verbose_name="task"
+    )
+    role = models.CharField("role", max_length=8, choices=Role.choices)
+    content = models.TextField("content")
+    metadata = models.JSONField("metadata", null=True, blank=True)
+    run_id = models.CharField("run", max_length=ids.MAX_ID_LENGTH)
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        verbose_name="author",
+    )
+    created_at = models.DateTimeField("created", auto_now_add=True)
+
+    class Meta:
+        verbose_name = "comment"
+        verbose_name_plural = "comments"
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return self.id

@@ -1,0 +1,92 @@
+"""Enqueue work on django-q2 after commit; the only module that imports django_q.
+
+Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
+"""
+
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+EXECUTE_RUN = "agenttasks.worker.execute_run"
+
+
+class DjangoQBackend:
+    """Send jobs to the django-q2 broker."""
+
+    def enqueue(self, func: str, *args) -> None:
+        from django_q.tasks import async_task
+
+        async_task(func, *args)
+
+
+class RecordingQueue:
+    """Record enqueued run ids instead of executing them (a test double).
+
+    `fail_with` makes the next enqueues raise (a launch failure); `before_enqueue(run_id)` runs
+    inside the launch, before recording, to stage races.
+    """
+
+    def __init__(self):
+        self.run_ids: list[str] = []
+        self.jobs: list[tuple[str, tuple]] = []
+        self.fail_with: BaseException | None = None
+        self.before_enqueue: Callable[[str], None] | None = None
+        self._lock = threading.Lock()
+
+    def enqueue(self, func: str, *args) -> None:
+        if func == EXECUTE_RUN:
+            if self.before_enqueue is not None:
+                self.before_enqueue(args[0])
+            if self.fail_with is not None:
+                raise self.fail_with
+            with self._lock:
+                self.run_ids.append(args[0])
+        else:
+            with self._lock:
+                self.jobs.append((func, args))
+
+
+_backend = DjangoQBackend()
+
+
+def get_backend():
+    """Return the active queue backend."""
+    return _backend
+
+
+@contextmanager
+def use_backend(backend):
+    """Route every enqueue to `backend` for the duration of the block."""
+    global _backend
+    previous, _backend = _backend, backend
+    try:
+        yield backend
+    finally:
+        _backend = previous
+
+
+def enqueue_run(run_id: str) -> None:
+    """Enqueue the execution of a run now (callers use `launch_on_commit`)."""
+    _backend.enqueue(EXECUTE_RUN, run_id)
+
+
+def launch_on_commit(run_id: str) -> None:
+    """Enqueue a run once the current transaction commits (at once outside one)."""
+    transaction.on_commit(lambda: enqueue_run(run_id))
+
+
+def enqueue_job(func: str, *args) -> None:
+    """Enqueue any other job (callbacks, wake-up delivery) after commit, logging failures."""
+
+    def send():
+        try:
+            _backend.enqueue(func, *args)
+        except Exception:
+            logger.exception("enqueue failed func=%s args=%s", func, args)
+
+    transaction.on_commit(send)

@@ -1,0 +1,271 @@
+"""The agent registry: definitions from AGENTTASKS["AGENTS"] and from register(), by id."""
+
+import re
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from .base import DEFAULT_PARAMETERS, ToolSpec
+
+ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+RUNTIMES = ("chat", "callable")
+RESERVED_TOOL_NAMES = frozenset({"task", "spawn_task", "task_status", "task_retry", "task_stop"})
+ASK_USER_PATH = "agenttasks.runtime.approvals.ask_user"
+BUDGET_KEYS = ("max_turns", "max_tokens", "max_tool_calls", "max_wall_seconds")
+HITL_KEYS = ("timeout_minutes", "on_timeout")
+TOOL_KEYS = ("path", "name", "description", "parameters", "needs_approval", "approval_prompt")
+RESERVED_MODEL_PARAMS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
+
+
+class UnknownAgent(LookupError):
+    """No agent is registered under that id."""
+
+
+@dataclass(frozen=True)
+class AgentDef:
+    """A validated agent definition."""
+
+    id: str
+    name: str = ""
+    does: str = ""
+    runtime: str = "chat"
+    model: str = "inherit"
+    system_prompt: str = ""
+    tools: tuple[ToolSpec, ...] = ()
+    team: tuple[str, ...] = ()
+    budget: dict = field(default_factory=dict)
+    hitl: dict = field(default_factory=dict)
+    handler: Any = None
+    files: dict | None = None
+    model_params: dict = field(default_factory=dict)
+    expose: bool = True
+    metadata: dict = field(default_factory=dict)
+
+    def snapshot(self) -> dict:
+        """Return the JSON configuration a task keeps as `inherit`."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "runtime": self.runtime,
+            "model": self.model,
+            "team": list(self.team),
+            "tools": [t.name for t in self.tools],
+            "budget": self.budget,
+            "hitl": self.hitl,
+        }
+
+
+def _fail(agent_id, message) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"agent {agent_id!r}: {message}")
+
+
+def _load_tool(agent_id: str, entry) -> ToolSpec:
+    if isinstance(entry, str):
+        entry = {"path": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        raise _fail(agent_id, f"tools: malformed entry {entry!r}")
+    unknown = set(entry) - set(TOOL_KEYS)
+    if unknown:
+        raise _fail(agent_id, f"tools: unknown keys {sorted(unknown)} in {entry['path']!r}")
+    try:
+        func = import_string(entry["path"])
+    except ImportError as exc:
+        raise _fail(agent_id, f"tools: cannot import {entry['path']!r}: {exc}") from exc
+    if not callable(func):
+        raise _fail(agent_id, f"tools: {entry['path']!r} is not callable")
+    meta = dict(getattr(func, "agenttasks_tool", None) or {})
+    meta.update({k: v for k, v in entry.items() if k != "path"})
+    doc = (func.__doc__ or "").strip().splitlines()
+    spec = ToolSpec(
+        name=meta.get("name") or getattr(func, "__name__", ""),
+        description=meta.get("description", doc[0] if doc else "") or "",
+        parameters=meta.get("parameters") or dict(DEFAULT_PARAMETERS),
+        func=func,
+        needs_approval=bool(meta.get("needs_approval", False)),
+        approval_prompt=meta.get("approval_prompt"),
+        path=entry["path"],
+    )
+    if not ID_RE.match(spec.name):
+        raise _fail(agent_id, f"tools: invalid tool name {spec.name!r}")
+    if spec.name in RESERVED_TOOL_NAMES:
+        raise _fail(agent_id, f"tools: {spec.name!r} is a reserved tool name")
+    if spec.name == "ask_user" and entry["path"] != ASK_USER_PATH:
+        raise _fail(agent_id, "tools: 'ask_user' may only be the shipped question tool")
+    return spec
+
+
+def _check_budget(agent_id: str, budget) -> dict:
+    if not isinstance(budget, dict):
+        raise _fail(agent_id, "budget must be a dict")
+    for key, value in budget.items():
+        if key not in BUDGET_KEYS:
+            raise _fail(agent_id, f"budget: unknown key {key!r}")
+        if value is None and key != "max_turns":
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = {
+            "max_turns": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            "max_tokens": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            "max_tool_calls": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            "max_wall_seconds": number and value > 0,
+        }[key]
+        if not ok:
+            raise _fail(agent_id, f"budget: {key} has an invalid value {value!r}")
+    return dict(budget)
+
+
+def _check_hitl(agent_id: str, hitl) -> dict:
+    if not isinstance(hitl, dict):
+        raise _fail(agent_id, "hitl must be a dict")
+    for key in hitl:
+        if key not in HITL_KEYS:
+            raise _fail(agent_id, f"hitl: unknown key {key!r}")
+    timeout = hitl.get("timeout_minutes")
+    if (
+        "timeout_minutes" in hitl
+        and timeout is not None
+        and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0)
+    ):
+        raise _fail(agent_id, f"hitl: timeout_minutes has an invalid value {timeout!r}")
+    if "on_timeout" in hitl and hitl["on_timeout"] not in ("deny", "cancel"):
+        raise _fail(
+            agent_id, f"hitl: on_timeout must be 'deny' or 'cancel', not {hitl['on_timeout']!r}"
+        )
+    return dict(hitl)
+
+
+def build(agent_id: str, **fields) -> AgentDef:
+    """Validate a definition and return it, or raise ImproperlyConfigured naming the field."""
+    if not isinstance(agent_id, str) or not ID_RE.match(agent_id):
+        raise _fail(agent_id, "invalid id (letters, digits, '_' and '-', 1 to 64 characters)")
+    known = set(AgentDef.__dataclass_fields__) - {"id"}
+    unknown = set(fields) - known
+    if unknown:
+        raise _fail(agent_id, f"unknown fields {sorted(unknown)}")
+    runtime = fields.get("runtime") or "chat"
+    if runtime not in RUNTIMES:
+        raise _fail(agent_id, f"runtime: unknown runtime {runtime!r}")
+    handler = fields.get("handler")
+    if runtime == "callable":
+        if handler is None:
+            raise _fail(agent_id, "handler: a callable agent needs a handler")
+        if isinstance(handler, str):
+            try:
+                handler = import_string(handler)
+            except ImportError as exc:
+                raise _fail(
+                    agent_id, f"handler: cannot import {fields['handler']!r}: {exc}"
+                ) from exc
+        if not callable(handler):
+            raise _fail(agent_id, "handler: not callable")
+    tools = tuple(_load_tool(agent_id, entry) for entry in fields.get("tools") or ())
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise _fail(agent_id, f"tools: duplicate tool names in {names}")
+    team: list[str] = []
+    for member in fields.get("team") or ():
+        if not isinstance(member, str) or not ID_RE.match(member):
+            raise _fail(agent_id, f"team: invalid agent id {member!r}")
+        if member not in team:
+            team.append(member)
+    model_params = dict(fields.get("model_params") or {})
+    if RESERVED_MODEL_PARAMS & set(model_params):
+        raise _fail(
+            agent_id,
+            f"model_params may not set {sorted(RESERVED_MODEL_PARAMS & set(model_params))}",
+        )
+    return AgentDef(
+        id=agent_id,
+        name=fields.get("name") or agent_id,
+        does=fields.get("does") or "",
+        runtime=runtime,
+        model=fields.get("model") or "inherit",
+        system_prompt=fields.get("system_prompt") or "",
+        tools=tools,
+        team=tuple(team),
+        budget=_check_budget(agent_id, fields.get("budget") or {}),
+        hitl=_check_hitl(agent_id, fields.get("hitl") or {}),
+        handler=handler,
+        files=fields.get("files"),
+        model_params=model_params,
+        expose=fields.get("expose", True),
+        metadata=dict(fields.get("metadata") or {}),
+    )
+
+
+class _Registry:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._code: dict[str, AgentDef] = {}
+        self._merged: dict[str, AgentDef] | None = None
+
+    def register(self, agent, *, replace_existing: bool = False, **fields) -> AgentDef:
+        definition = agent if isinstance(agent, AgentDef) else build(agent, **fields)
+        with self._lock:
+            if definition.id in self._code and not replace_existing:
+                raise _fail(definition.id, "already registered (pass replace=True)")
+            self._code[definition.id] = definition
+            self._merged = None
+        return definition
+
+    def unregister(self, agent_id: str) -> None:
+        with self._lock:
+            self._code.pop(agent_id, None)
+            self._merged = None
+
+    def reset(self) -> None:
+        with self._lock:
+            self._merged = None
+
+    def all(self) -> dict[str, AgentDef]:
+        with self._lock:
+            if self._merged is None:
+                from ..conf import app_settings
+
+                merged: dict[str, AgentDef] = {}
+                for agent_id, spec in (app_settings.AGENTS or {}).items():
+                    if agent_id in self._code:
+                        raise _fail(agent_id, "defined both in AGENTTASKS['AGENTS'] and in code")
+                    merged[agent_id] = build(agent_id, **(spec or {}))
+                merged.update(self._code)
+                self._merged = merged
+            return self._merged
+
+
+_registry = _Registry()
+
+
+def register(agent_id, *, replace: bool = False, **fields) -> AgentDef:
+    """Register an agent from code (call it from your AppConfig.ready())."""
+    return _registry.register(agent_id, replace_existing=replace, **fields)
+
+
+def unregister(agent_id: str) -> None:
+    """Remove an agent registered from code (for tests)."""
+    _registry.unregister(agent_id)
+
+
+def reset() -> None:
+    """Forget the merged view so the next read re-reads the settings."""
+    _registry.reset()
+
+
+def get(agent_id: str) -> AgentDef:
+    """Return the agent registered under `agent_id` or raise UnknownAgent."""
+    try:
+        return _registry.all()[agent_id]
+    except KeyError:
+        raise UnknownAgent(f"unknown agent {agent_id!r}") from None
+
+
+def agents() -> list[AgentDef]:
+    """Return every registered agent, sorted by id."""
+    return sorted(_registry.all().values(), key=lambda a: a.id)
+
+
+def with_fields(agent: AgentDef, **changes) -> AgentDef:
+    """Return a copy of a definition with some fields changed (tests)."""
+    return replace(agent, **changes)

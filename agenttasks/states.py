@@ -1,0 +1,105 @@
+"""Statuses, the task transition table and the model-facing status names."""
+
+from django.db import models
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    WAITING_FOR_INPUT = "waiting_for_input", "waiting for input"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    PAUSED = "paused", "paused"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class RunTrigger(models.TextChoices):
+    INITIAL = "initial", "initial"
+    RETRY = "retry", "retry"
+    CONTINUATION = "continuation", "continuation"
+    COMMENT = "comment", "comment"
+    WAKEUP = "wakeup", "wake-up"
+    MESSAGE = "message", "message"
+
+
+class StopRequest(models.TextChoices):
+    NONE = "", "none"
+    AFTER_TURN = "after_turn", "after the current turn"
+    NOW = "now", "now"
+
+
+class ActionKind(models.TextChoices):
+    APPROVAL = "approval", "approval"
+    QUESTION = "question", "question"
+
+
+class ActionStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    APPROVED = "approved", "approved"
+    DENIED = "denied", "denied"
+    ANSWERED = "answered", "answered"
+    EXPIRED = "expired", "expired"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class WakeupStatus(models.TextChoices):
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+
+
+class WakeupState(models.TextChoices):
+    PENDING = "pending", "pending"
+    DELIVERED = "delivered", "delivered"
+    CONSUMED = "consumed", "consumed"
+    DROPPED = "dropped", "dropped"
+
+
+S = TaskStatus
+
+TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED})
+LIVE = frozenset({S.PENDING, S.RUNNING, S.WAITING_FOR_INPUT})
+WORKING = frozenset({S.PENDING, S.RUNNING})
+
+RUN_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED})
+
+# Every allowed change of Task.status (None = the task does not exist yet), with what makes it.
+TRANSITIONS: dict[tuple[str | None, str], str] = {
+    (None, S.PENDING): "create / spawn",
+    (S.PENDING, S.RUNNING): "a worker claims the current run",
+    (S.PENDING, S.PENDING): "continuation advance (new run id)",
+    (S.RUNNING, S.PENDING): "continuation advance (new run id)",
+    (S.RUNNING, S.WAITING_FOR_INPUT): "the run pauses",
+    (S.WAITING_FOR_INPUT, S.PENDING): "an answer or a comment resumes it",
+    **{(src, dst): "finalize" for src in LIVE for dst in TERMINAL},
+    (S.FAILED, S.PENDING): "retry (new run id, attempt + 1) or a re-opening comment",
+    (S.COMPLETED, S.PENDING): "a re-opening comment (new run id)",
+    (S.CANCELLED, S.PENDING): "a re-opening comment (new run id)",
+}
+
+_MODEL_NAMES = {
+    S.PENDING: "working",
+    S.RUNNING: "working",
+    S.WAITING_FOR_INPUT: "input_required",
+    S.COMPLETED: "completed",
+    S.FAILED: "failed",
+    S.CANCELLED: "cancelled",
+}
+
+
+def model_status(status: str) -> str:
+    """Return the model-facing name of a task status (working, input_required, …)."""
+    return _MODEL_NAMES[status]
+
+
+def is_allowed(src: str | None, dst: str) -> bool:
+    """Return whether the transition table allows src → dst."""
+    return (src, dst) in TRANSITIONS

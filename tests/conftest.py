@@ -1,0 +1,131 @@
+"""Shared fixtures: the recording queue, users, the P/R harness of the lifecycle spec, signals."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from agenttasks import queue, signals
+from agenttasks.runtime import registry
+from agenttasks.runtime.base import Reply
+
+from .factories import ConversationFactory, RunFactory, UserFactory
+
+
+def pytest_collection_modifyitems(config, items):
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        return
+    skip = pytest.mark.skip(
+        reason="needs PostgreSQL row locks; SQLite serializes whole transactions instead "
+        "(the sqlite sibling test proves that)"
+    )
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+def on_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def wait_for(predicate, timeout=5.0, interval=0.01, message="condition"):
+    """Wait until predicate() is truthy, or fail after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def run_threads(target, count, *args):
+    """Run target(i, *args) in `count` threads started together; return their results in order."""
+    barrier = threading.Barrier(count)
+    results: list = [None] * count
+
+    def body(i):
+        try:
+            barrier.wait()
+            results[i] = target(i, *args)
+        except BaseException as exc:  # noqa: BLE001 (the test inspects it)
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def _reply_done(ctx):
+    return Reply(content="done")
+
+
+@pytest.fixture(autouse=True)
+def test_agents():
+    """Register the harness agents `default` and `worker` (callable)."""
+    for agent_id in ("default", "worker"):
+        registry.register(agent_id, runtime="callable", handler=_reply_done, replace=True)
+    yield
+    for agent_id in ("default", "worker"):
+        registry.unregister(agent_id)
+
+
+@pytest.fixture(autouse=True)
+def recording_queue():
+    """Record enqueued runs instead of executing them."""
+    with queue.use_backend(queue.RecordingQueue()) as backend:
+        yield backend
+
+
+@pytest.fixture
+def user(db):
+    return UserFactory(username="u")
+
+
+@pytest.fixture
+def parent(user):
+    """P: a visible conversation of user U with agent `default`."""
+    return ConversationFactory(owner=user, agent="default")
+
+
+@pytest.fixture
+def parent_run(parent):
+    """R: a running run on P."""
+    return RunFactory(conversation=parent, status="running", trigger="message")
+
+
+class SignalLog:
+    def __init__(self):
+        self.updated: list = []
+        self.finished: list = []
+        self.delivered: list = []
+
+    def _updated(self, sender, task=None, **kw):
+        self.updated.append(task)
+
+    def _finished(self, sender, snapshot=None, **kw):
+        self.finished.append(snapshot)
+
+    def _delivered(self, sender, snapshot=None, **kw):
+        self.delivered.append(snapshot)
+
+
+@pytest.fixture
+def signal_log():
+    log = SignalLog()
+    signals.task_updated.connect(log._updated)
+    signals.task_finished.connect(log._finished)
+    signals.result_delivered.connect(log._delivered)
+    yield log
+    signals.task_updated.disconnect(log._updated)
+    signals.task_finished.disconnect(log._finished)
+    signals.result_delivered.disconnect(log._delivered)

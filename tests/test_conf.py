@@ -1,0 +1,87 @@
+"""Settings defaults, the numeric rule, hooks and environment fallbacks; system checks; ids."""
+
+import re
+
+import pytest
+from django.core.management import call_command
+from django.test.utils import override_settings
+
+from agenttasks import ids
+from agenttasks.checks import check_cluster, check_settings
+from agenttasks.conf import NUMERIC_DEFAULTS, app_settings
+
+
+def test_defaults():
+    assert app_settings.SUMMARY_LIMIT == 300
+    assert app_settings.MAX_ATTEMPTS == 3
+    assert app_settings.MAX_CONCURRENT_PER_PARENT == 6
+    assert app_settings.MAX_ACTIVE_TASKS_PER_USER == 20
+    assert app_settings.FILES["maxCount"] == 10
+
+
+@pytest.mark.parametrize("key", sorted(NUMERIC_DEFAULTS))
+@pytest.mark.parametrize("value", [0, -1, None, "7"])
+def test_numeric_setting_at_or_below_zero_reads_as_default(key, value):
+    # lifecycle 7.9.16
+    with override_settings(AGENTTASKS={key: value}):
+        assert getattr(app_settings, key) == NUMERIC_DEFAULTS[key]
+
+
+def test_overrides_are_read_again():
+    with override_settings(AGENTTASKS={"SUMMARY_LIMIT": 12, "MAX_ACTIVE_TASKS_PER_USER": 0}):
+        assert app_settings.SUMMARY_LIMIT == 12
+        assert app_settings.MAX_ACTIVE_TASKS_PER_USER == 0  # 0 = no limit
+    assert app_settings.SUMMARY_LIMIT == 300
+
+
+def cap():
+    return 4
+
+
+def test_cap_may_be_a_callable_path():
+    with override_settings(AGENTTASKS={"MAX_CONCURRENT_PER_PARENT": "tests.test_conf.cap"}):
+        assert app_settings.MAX_CONCURRENT_PER_PARENT == 4
+
+
+def test_environment_fallback_read_when_needed(monkeypatch):
+    monkeypatch.setenv("AGENTTASKS_MODEL_BASE_URL", "http://127.0.0.1:9/v1")
+    with override_settings(AGENTTASKS={}):
+        assert app_settings.MODEL_BASE_URL == "http://127.0.0.1:9/v1"
+    with override_settings(AGENTTASKS={"MODEL_BASE_URL": "http://x/v1"}):
+        assert app_settings.MODEL_BASE_URL == "http://x/v1"
+
+
+def test_unknown_key_and_bad_hook_are_reported():
+    with override_settings(
+        AGENTTASKS={"MAX_ATTEMPTS_PER_TASK": 3, "CONTINUE": {"k": "no.such.hook"}}
+    ):
+        ids_ = [m.id for m in check_settings()]
+    assert "agenttasks.W001" in ids_ and "agenttasks.E003" in ids_
+
+
+def test_lease_close_to_heartbeat_is_warned():
+    with override_settings(AGENTTASKS={"LEASE_TIMEOUT": 10, "HEARTBEAT_INTERVAL": 5}):
+        assert "agenttasks.W002" in [m.id for m in check_settings()]
+
+
+def test_cluster_retry_not_above_timeout_is_warned():
+    with override_settings(Q_CLUSTER={"timeout": 60, "retry": 60}):
+        assert [m.id for m in check_cluster()] == ["agenttasks.W007"]
+    with override_settings(Q_CLUSTER={"timeout": 60, "retry": 90}):
+        assert check_cluster() == []
+
+
+def test_the_demo_site_passes_its_checks():
+    call_command("check", fail_level="ERROR")
+
+
+def test_ids_have_prefix_and_21_url_safe_characters():
+    for make, prefix in [
+        (ids.new_task_id, "task_"),
+        (ids.new_run_id, "run_"),
+        (ids.new_conversation_id, "conv_"),
+        (ids.new_event_id, "evt_"),
+    ]:
+        value = make()
+        assert re.fullmatch(re.escape(prefix) + r"[A-Za-z0-9_-]{21}", value)
+    assert len({ids.new_task_id() for _ in range(1000)}) == 1000

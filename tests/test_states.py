@@ -1,0 +1,51 @@
+"""The transition table: reachability, terminal exits, and the model-facing names."""
+
+from collections import deque
+
+from agenttasks import states
+from agenttasks.states import LIVE, TERMINAL, TRANSITIONS, TaskStatus, model_status
+
+
+def test_every_state_is_reachable_from_creation():
+    reached, queue = set(), deque([None])
+    while queue:
+        src = queue.popleft()
+        for frm, dst in TRANSITIONS:
+            if frm == src and dst not in reached:
+                reached.add(dst)
+                queue.append(dst)
+    assert reached == set(TaskStatus.values)
+
+
+def test_terminal_states_leave_only_to_pending():
+    exits = {(frm, dst) for frm, dst in TRANSITIONS if frm in TERMINAL}
+    assert exits == {(s, TaskStatus.PENDING) for s in TERMINAL}
+    assert not states.is_allowed(TaskStatus.COMPLETED, TaskStatus.RUNNING)
+    assert not states.is_allowed(TaskStatus.CANCELLED, TaskStatus.FAILED)
+
+
+def test_every_live_state_can_end_every_way():
+    for src in LIVE:
+        for dst in TERMINAL:
+            assert states.is_allowed(src, dst)
+
+
+def test_waiting_only_resumes_to_pending():
+    out = {dst for frm, dst in TRANSITIONS if frm == TaskStatus.WAITING_FOR_INPUT}
+    assert out == {TaskStatus.PENDING} | TERMINAL
+
+
+def test_live_and_terminal_partition_the_statuses():
+    assert LIVE | TERMINAL == set(TaskStatus.values)
+    assert not LIVE & TERMINAL
+
+
+def test_model_facing_names():
+    assert [model_status(s) for s in TaskStatus.values] == [
+        "working",
+        "working",
+        "input_required",
+        "completed",
+        "failed",
+        "cancelled",
+    ]

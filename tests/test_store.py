@@ -1,0 +1,788 @@
+"""The store: every operation's win, lose and unknown-id answers, and lifecycle spec §7.7–§7.8."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
+from django.utils import timezone
+
+from agenttasks import ids, store, wakeups
+from agenttasks.exceptions import (
+    ConversationNotFound,
+    RunNotFound,
+    TaskError,
+    TaskLimit,
+    TaskNotFound,
+)
+from agenttasks.models import (
+    Comment,
+    Conversation,
+    Event,
+    PendingAction,
+    Run,
+    Task,
+    TaskResult,
+    Wakeup,
+)
+from agenttasks.states import LIVE, TERMINAL, TaskStatus
+from agenttasks.types import ActionRequest, RunOutcome, StopOutcome
+
+from .factories import ConversationFactory, TaskFactory
+
+pytestmark = pytest.mark.django_db
+
+APPROVAL = ActionRequest(
+    kind="approval", tool_name="deploy", tool_call_id="call-1", args={"env": "prod"}
+)
+
+
+def spawn(parent, **kw):
+    kw.setdefault("agent", "worker")
+    kw.setdefault("input", "do it")
+    kw.setdefault("label", "job")
+    return store.create_task(parent_conversation=parent, owner=parent.owner, **kw)
+
+
+def started(parent, **kw):
+    """A spawned task whose run a live worker holds."""
+    task = spawn(parent, **kw)
+    assert store.claim(task.run_id, "w1")
+    return Task.objects.get(pk=task.pk)
+
+
+def failed(parent, reason="rate limited", **kw):
+    task = started(parent, **kw)
+    assert store.finalize(task.id, task.run_id, "failed", summary=reason, result=reason)
+    return Task.objects.get(pk=task.pk)
+
+
+def reload(task):
+    return Task.objects.select_related("run", "conversation").get(pk=task.pk)
+
+
+def statements(captured):
+    """The captured SQL statements, without transaction control."""
+    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT")
+    return [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(control)]
+
+
+# --- create_task / discard_spawn -------------------------------------------------------------
+
+
+class TestCreateTask:
+    def test_writes_conversation_task_run_and_events(self, parent):
+        task = spawn(parent, kind="sequence", state={"step": 1})
+        task = reload(task)
+        assert task.status == "pending" and task.attempt == 1 and task.continuations == 0
+        assert task.run.status == "queued" and task.run.trigger == "initial"
+        assert task.run_id != task.id
+        assert task.conversation.hidden and task.conversation.parent_id == parent.id
+        assert task.conversation.title == "sequence: job"
+        events = list(task.conversation.events.values_list("seq", "type"))
+        assert events == [(1, "message.user"), (2, "task.status")]
+        assert task.conversation.events.get(seq=2).data == {
+            "taskId": task.id,
+            "to": "pending",
+            "runId": task.run_id,
+            "attempt": 1,
+        }
+        # The status change is mirrored into the parent conversation for its task card.
+        assert parent.events.get().type == "task.status"
+
+    def test_visible_conversation_without_parent(self, user):
+        task = store.create_task(owner=user, agent="worker", input="x" * 80)
+        assert not task.conversation.hidden and task.conversation.title == ""
+        assert task.label == "x" * 60
+        assert task.conversation.metadata == {"source": "task", "taskId": task.id}
+
+    def test_cap_refuses_and_creates_nothing(self, parent):
+        spawn(parent, cap=2)
+        spawn(parent, cap=2)
+        before = Conversation.objects.count()
+        with pytest.raises(TaskLimit) as raised:
+            spawn(parent, cap=2)
+        assert raised.value.limit == 2
+        assert (
+            str(raised.value)
+            == "tasks: this conversation already has 2 tasks running; wait for one to finish"
+        )
+        assert Conversation.objects.count() == before and Task.objects.count() == 2
+
+    def test_unknown_or_deleting_parent(self, parent):
+        with pytest.raises(ConversationNotFound):
+            store.create_task(parent_conversation="conv_nope", agent="worker", input="x")
+        Conversation.objects.filter(pk=parent.pk).update(deleting_at=timezone.now())
+        with pytest.raises(ConversationNotFound):
+            spawn(parent)
+
+    def test_task_id_must_be_non_empty_and_new(self, parent):
+        task = spawn(parent)
+        with pytest.raises(TaskError, match="tasks: Create requires an ID"):
+            spawn(parent, task_id="")
+        with pytest.raises(TaskError, match=f"tasks: duplicate task id {task.id}"):
+            spawn(parent, task_id=task.id)
+
+    def test_discard_spawn_removes_everything_and_is_idempotent(self, parent):
+        task = spawn(parent)
+        store.discard_spawn(task.id)
+        store.discard_spawn(task.id)
+        assert not Task.objects.exists() and not Run.objects.filter(task_id=task.id).exists()
+        assert not Conversation.objects.filter(pk=task.conversation_id).exists()
+        with pytest.raises(TaskNotFound):
+            store.get_task(task.id)
+
+
+# --- claim -----------------------------------------------------------------------------------
+
+
+class TestClaim:
+    def test_win(self, parent):
+        task = spawn(parent)
+        run = store.claim(task.run_id, "host:1:thread")
+        assert run and run.status == "running" and run.worker == "host:1:thread"
+        task = reload(task)
+        assert task.status == "running" and task.started_at is not None
+        assert task.run.heartbeat_at is not None
+        types = list(task.conversation.events.values_list("type", flat=True))
+        assert types[-2:] == ["run.started", "task.status"]
+
+    def test_second_delivery_loses(self, parent):
+        task = spawn(parent)
+        assert store.claim(task.run_id, "w1")
+        assert store.claim(task.run_id, "w2") is False
+        assert reload(task).run.worker == "w1"
+
+    def test_a_run_its_task_left_is_cancelled_not_run(self, parent):
+        # 7.9.2: a pending task is stopped; a later claim loses and the run never runs.
+        task = spawn(parent)
+        assert store.finalize(task.id, task.run_id, "cancelled", summary="stopped")
+        assert store.claim(task.run_id, "w1") is False
+        assert reload(task).run.status == "cancelled"
+
+    def test_stale_queued_run_is_cancelled_by_housekeeping(self, parent):
+        task = failed(parent)
+        stale = Run.objects.create(
+            conversation=task.conversation,
+            task=task,
+            agent="worker",
+            trigger="retry",
+            status="queued",
+        )
+        assert store.claim(stale.id) is False
+        stale.refresh_from_db()
+        assert stale.status == "cancelled"
+
+    def test_unknown_run(self, db):
+        with pytest.raises(RunNotFound, match="tasks: run not found"):
+            store.claim("run_nope")
+
+    def test_taskless_run(self, parent):
+        run = Run.objects.create(conversation=parent, agent="default", trigger="message")
+        assert store.claim(run.id, "w1").status == "running"
+        assert store.claim(run.id, "w1") is False
+
+    def test_deleting_conversation_refuses(self, parent):
+        task = spawn(parent)
+        Conversation.objects.filter(pk=task.conversation_id).update(deleting_at=timezone.now())
+        assert store.claim(task.run_id) is False
+
+    @pytest.mark.django_db(transaction=True)
+    def test_statement_count(self, user):
+        task = store.create_task(owner=user, agent="worker", input="x")
+        with CaptureQueriesContext(connection) as captured:
+            assert store.claim(task.run_id, "w1")
+        # lock task+conversation+run, UPDATE run, UPDATE task, INSERT events
+        assert len(statements(captured)) == 4, statements(captured)
+
+
+# --- record_run_end --------------------------------------------------------------------------
+
+
+class TestRecordRunEnd:
+    def test_records_outcome_and_leaves_the_task(self, parent):
+        task = started(parent)
+        outcome = RunOutcome(
+            task.run_id, "completed", text="ok", usage={"inputTokens": 1, "outputTokens": 2}
+        )
+        run = store.record_run_end(task.run_id, outcome)
+        assert run.status == "completed" and run.output == "ok" and run.total_tokens == 3
+        assert reload(task).status == "running"
+        types = list(task.conversation.events.values_list("type", flat=True))
+        assert types[-2:] == ["message.assistant", "run.finished"]
+
+    def test_second_end_loses(self, parent):
+        task = started(parent)
+        assert store.record_run_end(task.run_id, RunOutcome(task.run_id, "failed", error="x"))
+        assert store.record_run_end(task.run_id, RunOutcome(task.run_id, "completed")) is False
+        assert Run.objects.get(pk=task.run_id).error == "x"
+
+    def test_unknown_run(self, db):
+        with pytest.raises(RunNotFound):
+            store.record_run_end("run_nope", RunOutcome("run_nope", "completed"))
+
+
+# --- finalize --------------------------------------------------------------------------------
+
+
+class TestFinalize:
+    def test_is_run_bound(self, parent):
+        # 7.7.2
+        task = started(parent)
+        assert store.finalize(task.id, "run_other", "completed", result="r") is False
+        won = store.finalize(
+            task.id, task.run_id, "completed", summary="s", result="r", state={"n": 1}
+        )
+        assert won
+        task = reload(task)
+        assert (task.status, task.summary, task.result, task.state) == (
+            "completed",
+            "s",
+            "r",
+            {"n": 1},
+        )
+        assert task.finished_at is not None
+        assert store.finalize(task.id, task.run_id, "failed", result="late") is False
+        assert reload(task).status == "completed"
+
+    def test_failed_writes_error_and_debt(self, parent):
+        task = started(parent)
+        assert store.finalize(task.id, task.run_id, "failed", summary="boom", result="boom!")
+        task = reload(task)
+        assert task.error == "boom!"
+        debt = Wakeup.objects.get()
+        assert (debt.status, debt.state, debt.run_id, debt.conversation_id) == (
+            "failed",
+            "pending",
+            task.run_id,
+            parent.id,
+        )
+        assert debt.truncated  # the result is longer than the summary
+
+    def test_cancellation_owes_nothing_and_ends_a_queued_run(self, parent):
+        task = spawn(parent)
+        assert store.finalize(
+            task.id, task.run_id, "cancelled", summary="stopped", reason="stopped"
+        )
+        task = reload(task)
+        assert task.run.status == "cancelled" and not Wakeup.objects.exists()
+        last = task.conversation.events.order_by("-seq").first()
+        assert last.data["reason"] == "stopped" and last.data["from"] == "pending"
+
+    def test_running_run_gets_the_stop_request(self, parent):
+        task = started(parent)
+        assert store.finalize(task.id, task.run_id, "cancelled")
+        run = reload(task).run
+        assert run.status == "running" and run.stop_request == "now"
+
+    def test_paused_run_and_its_actions_end_with_it(self, parent):
+        task = started(parent)
+        assert store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        assert store.finalize(
+            task.id, task.run_id, "cancelled", summary="stopped while awaiting approval"
+        )
+        assert reload(task).run.status == "cancelled"
+        assert PendingAction.objects.get().status == "cancelled"
+
+    def test_writes_the_task_result(self, parent):
+        task = started(parent)
+        store.finalize(
+            task.id,
+            task.run_id,
+            "completed",
+            result="r",
+            task_result={"content": "r", "usage": {"inputTokens": 1}},
+        )
+        assert TaskResult.objects.get(task=task).content == "r"
+
+    def test_unknown_task(self, db):
+        with pytest.raises(TaskNotFound, match="tasks: not found"):
+            store.finalize("task_nope", "run_x", "completed")
+
+    def test_no_debt_without_parent_or_for_delegates(self, parent, user):
+        solo = store.create_task(owner=user, agent="worker", input="x")
+        store.claim(solo.run_id)
+        assert store.finalize(solo.id, solo.run_id, "completed", result="r")
+        child = spawn(parent, kind="delegate")
+        assert store.finalize(child.id, child.run_id, "failed", result="r")
+        assert not Wakeup.objects.exists()
+
+    def test_debt_is_atomic_with_the_ending(self, parent, monkeypatch):
+        # 7.9.6: an error after the status write, inside the transaction, keeps neither.
+        task = started(parent)
+
+        def explode(*a, **kw):
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(store, "_task_status", explode)
+        with pytest.raises(RuntimeError):
+            store.finalize(task.id, task.run_id, "completed", result="r")
+        assert reload(task).status == "running" and not Wakeup.objects.exists()
+        monkeypatch.undo()
+        assert store.finalize(task.id, task.run_id, "completed", result="r")
+        assert Wakeup.objects.count() == 1
+
+    @pytest.mark.django_db(transaction=True)
+    def test_statement_count_with_debt(self, parent):
+        task = started(parent)
+        store.record_run_end(task.run_id, RunOutcome(task.run_id, "completed", text="ok"))
+        with CaptureQueriesContext(connection) as captured:
+            assert store.finalize(task.id, task.run_id, "completed", summary="ok", result="ok")
+        # lock task+conversation+run, lock parent, UPDATE task, INSERT wake-up, INSERT events
+        assert len(statements(captured)) == 5, statements(captured)
+
+
+# --- retry_claim / release_retry_claim -------------------------------------------------------
+
+
+class TestRetryClaim:
+    def test_reopens_exactly_one_failed_attempt(self, parent):
+        # 7.7.3
+        working = spawn(parent)
+        assert store.retry_claim(working.id, ids.new_run_id(), 3, None) is False
+        task = failed(parent, reason="rate limited")
+        new_run = ids.new_run_id()
+        assert store.retry_claim(task.id, new_run, 3, None)
+        task = reload(task)
+        assert (task.status, task.run_id, task.attempt) == ("pending", new_run, 2)
+        assert (task.summary, task.result, task.error) == ("", "", "")
+        assert task.run.trigger == "retry" and "rate limited" in task.run.input
+        assert task.run.input.startswith("A previous attempt at this task failed: rate limited. ")
+        assert Wakeup.objects.get().state == "dropped"
+        message = task.conversation.events.filter(type="message.user").order_by("-seq").first()
+        assert message.data["origin"] == "retry"
+        with pytest.raises(TaskNotFound):
+            store.retry_claim("task_nope", ids.new_run_id(), 3, None)
+
+    def test_enforces_the_attempt_ceiling(self, parent):
+        # 7.7.4
+        task = failed(parent)
+        for expected in (2, 3):
+            assert store.retry_claim(task.id, ids.new_run_id(), 3, None)
+            task = reload(task)
+            assert task.attempt == expected
+            store.claim(task.run_id)
+            store.finalize(task.id, task.run_id, "failed", result="again")
+        assert store.retry_claim(task.id, ids.new_run_id(), 3, None) is False
+        assert reload(task).attempt == 3
+
+    def test_attempt_zero_reads_as_the_first(self, parent):
+        # 7.7.5
+        task = TaskFactory(status=TaskStatus.FAILED, attempt=0, parent_conversation=parent)
+        assert store.retry_claim(task.id, ids.new_run_id(), 3, None)
+        assert reload(task).attempt == 2
+
+    def test_takes_a_slot_under_the_cap(self, parent):
+        task = failed(parent)
+        spawn(parent)
+        spawn(parent)
+        assert store.retry_claim(task.id, ids.new_run_id(), 3, 2) is False
+        assert reload(task).status == "failed" and Run.objects.filter(task=task).count() == 1
+
+    def test_refuses_a_dying_parent(self, parent):
+        # 7.8.7
+        task = failed(parent)
+        Conversation.objects.filter(pk=parent.pk).update(deleting_at=timezone.now())
+        assert store.retry_claim(task.id, ids.new_run_id(), 3, None) is False
+
+    def test_release_rolls_the_attempt_back(self, parent):
+        # 7.7.7
+        task = failed(parent)
+        run_id = ids.new_run_id()
+        assert store.retry_claim(task.id, run_id, 3, None)
+        assert store.release_retry_claim(task.id, "run_foreign", "s", "r") is False
+        assert store.release_retry_claim(
+            task.id, run_id, "retry could not start", "retry could not start: x"
+        )
+        task = reload(task)
+        assert (task.status, task.attempt, task.summary) == ("failed", 1, "retry could not start")
+        assert task.run.status == "failed"
+        assert Wakeup.objects.filter(state="pending").count() == 1
+        assert store.release_retry_claim(task.id, run_id, "s", "r") is False
+        with pytest.raises(TaskNotFound):
+            store.release_retry_claim("task_nope", run_id, "s", "r")
+
+
+# --- advance ---------------------------------------------------------------------------------
+
+
+class TestAdvance:
+    def test_is_run_bound_and_carries_state(self, parent):
+        # 7.7.6
+        task = started(parent, kind="sequence", state={"step": 1})
+        assert store.advance(task.id, "run_other", ids.new_run_id(), input="next") is False
+        next_run = ids.new_run_id()
+        assert store.advance(task.id, task.run_id, next_run, input="next", state={"step": 2})
+        task = reload(task)
+        assert (task.run_id, task.status, task.state, task.attempt, task.continuations) == (
+            next_run,
+            "pending",
+            {"step": 2},
+            1,
+            1,
+        )
+        assert task.run.trigger == "continuation" and task.run.input == "next"
+        # The same id on both sides rewrites the state only.
+        assert store.advance(task.id, next_run, next_run, state={"step": 3})
+        task = reload(task)
+        assert (task.run_id, task.state, task.continuations) == (next_run, {"step": 3}, 1)
+        # None keeps the recorded state.
+        third = ids.new_run_id()
+        assert store.advance(task.id, next_run, third, input="more")
+        assert reload(task).state == {"step": 3}
+        with pytest.raises(TaskNotFound):
+            store.advance("task_nope", "run_x", "run_y")
+
+    def test_paused_and_terminal_rows_refuse(self, parent):
+        paused = started(parent)
+        store.mark_input_required(paused.id, paused.run_id, actions=[APPROVAL])
+        assert store.advance(paused.id, paused.run_id, ids.new_run_id()) is False
+        done = started(parent)
+        store.finalize(done.id, done.run_id, "completed")
+        assert store.advance(done.id, done.run_id, ids.new_run_id()) is False
+
+
+# --- mark_input_required / reclaim_working ---------------------------------------------------
+
+
+class TestPauseAndResume:
+    def test_are_run_bound(self, parent):
+        # 7.7.8
+        task = started(parent)
+        assert store.mark_input_required(task.id, "run_stale", actions=[APPROVAL]) is False
+        assert reload(task).status == "running" and not PendingAction.objects.exists()
+        assert store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        task = reload(task)
+        assert task.status == "waiting_for_input" and task.run.status == "paused"
+        action = PendingAction.objects.get()
+        assert action.run_id == task.run_id and action.status == "pending"
+        assert (
+            store.reclaim_working(task.id, "run_stale", action.id, {"status": "approved"}) is False
+        )
+        action.refresh_from_db()
+        assert action.status == "cancelled"  # a stale answer closes the action
+
+    def test_the_right_answer_resumes(self, parent):
+        task = started(parent)
+        store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        action = PendingAction.objects.get()
+        assert store.reclaim_working(task.id, task.run_id, action.id, {"status": "approved"})
+        task = reload(task)
+        assert task.status == "pending" and task.run.status == "queued"
+        action.refresh_from_db()
+        assert action.status == "approved" and action.decided_at is not None
+        types = list(task.conversation.events.values_list("type", flat=True))
+        assert types[-4:] == ["action.requested", "task.status", "action.resolved", "task.status"]
+
+    def test_resumes_after_the_last_open_action(self, parent):
+        task = started(parent)
+        second = ActionRequest(
+            kind="question",
+            tool_name="ask_user",
+            tool_call_id="call-2",
+            questions=[{"id": "q1", "question": "Which?"}],
+        )
+        store.mark_input_required(task.id, task.run_id, actions=[APPROVAL, second])
+        first, other = PendingAction.objects.order_by("tool_call_id")
+        assert store.reclaim_working(task.id, task.run_id, first.id, {"status": "denied"})
+        assert reload(task).status == "waiting_for_input"
+        assert store.reclaim_working(
+            task.id,
+            task.run_id,
+            other.id,
+            {"status": "answered", "answers": {"q1": {"values": ["x"]}}},
+        )
+        assert reload(task).status == "pending"
+
+    def test_a_terminal_task_beats_a_late_answer(self, parent):
+        task = started(parent)
+        store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        action = PendingAction.objects.get()
+        store.finalize(task.id, task.run_id, "cancelled")
+        assert (
+            store.reclaim_working(task.id, task.run_id, action.id, {"status": "approved"}) is False
+        )
+        assert reload(task).status == "cancelled"
+
+    def test_legacy_clarification_ends_the_run(self, parent):
+        task = started(parent)
+        assert store.mark_input_required(task.id, task.run_id, clarification="Which format?")
+        task = reload(task)
+        assert task.status == "waiting_for_input" and task.run.status == "completed"
+        comment = Comment.objects.get()
+        assert (comment.role, comment.content, comment.metadata) == (
+            "agent",
+            "Which format?",
+            {"waitingForInput": True},
+        )
+        assert task.task_result.partial and task.task_result.content == "Which format?"
+        assert not Wakeup.objects.exists()
+
+    def test_unknown_task(self, db):
+        with pytest.raises(TaskNotFound):
+            store.mark_input_required("task_nope", "run_x")
+        with pytest.raises(TaskNotFound):
+            store.reclaim_working("task_nope", "run_x", "act_x", {"status": "approved"})
+
+
+# --- reopen ----------------------------------------------------------------------------------
+
+
+class TestReopen:
+    def test_reopens_a_finished_task(self, parent, user):
+        # 7.9.3
+        task = started(parent)
+        store.finalize(
+            task.id, task.run_id, "completed", summary="s", result="r", task_result={"content": "r"}
+        )
+        new_run = ids.new_run_id()
+        won = store.reopen(task.id, new_run, "use prod", author=user)
+        assert won and won.new_comment.content == "use prod"
+        task = reload(task)
+        assert (task.status, task.run_id, task.attempt, task.summary, task.result) == (
+            "pending",
+            new_run,
+            1,
+            "",
+            "",
+        )
+        assert task.run.trigger == "comment" and task.run.input == "use prod"
+        assert Wakeup.objects.get().state == "dropped"
+        assert not TaskResult.objects.filter(task=task).exists()
+
+    def test_refuses_live_and_paused_tasks(self, parent):
+        task = spawn(parent)
+        assert store.reopen(task.id, ids.new_run_id(), "x") is False
+        paused = started(parent)
+        store.mark_input_required(paused.id, paused.run_id, actions=[APPROVAL])
+        assert store.reopen(paused.id, ids.new_run_id(), "x") is False
+
+    def test_accepts_a_clarification_wait(self, parent):
+        task = started(parent)
+        store.mark_input_required(task.id, task.run_id, clarification="Which?")
+        assert store.reopen(task.id, ids.new_run_id(), "PDF")
+        with pytest.raises(TaskNotFound):
+            store.reopen("task_nope", ids.new_run_id(), "x")
+
+
+# --- request_stop ----------------------------------------------------------------------------
+
+
+class TestRequestStop:
+    def test_outcomes(self, parent):
+        queued = spawn(parent)
+        assert (
+            store.request_stop(queued.id, queued.run_id, graceful=False) is StopOutcome.UNKNOWN_RUN
+        )
+        live = started(parent)
+        assert store.request_stop(live.id, "run_other", graceful=False) is StopOutcome.MOVED
+        assert store.request_stop(live.id, live.run_id, graceful=True) is StopOutcome.AFTER_TURN
+        assert reload(live).run.stop_request == "after_turn"
+        assert store.request_stop(live.id, live.run_id, graceful=False) is StopOutcome.CANCELLED
+        # Never downgraded from now to after_turn.
+        assert store.request_stop(live.id, live.run_id, graceful=True) is StopOutcome.CANCELLED
+        assert reload(live).run.stop_request == "now"
+        ended = started(parent)
+        store.record_run_end(ended.run_id, RunOutcome(ended.run_id, "completed"))
+        assert (
+            store.request_stop(ended.id, ended.run_id, graceful=False)
+            is StopOutcome.ALREADY_FINISHED
+        )
+        with pytest.raises(TaskNotFound):
+            store.request_stop("task_nope", "run_x", graceful=False)
+
+    def test_an_expired_lease_is_an_unknown_run(self, parent):
+        task = started(parent)
+        Run.objects.filter(pk=task.run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        assert store.request_stop(task.id, task.run_id, graceful=True) is StopOutcome.UNKNOWN_RUN
+        assert reload(task).run.stop_request == ""
+
+
+# --- fail_orphans ----------------------------------------------------------------------------
+
+
+class TestFailOrphans:
+    def test_keeps_paused_tasks(self, parent):
+        # 7.7.9
+        old = timezone.now() - timedelta(hours=1)
+        orphan = started(parent)
+        paused = started(parent)
+        fresh = started(parent)
+        store.mark_input_required(paused.id, paused.run_id, actions=[APPROVAL])
+        Run.objects.filter(pk__in=[orphan.run_id, paused.run_id]).update(heartbeat_at=old)
+        result = store.fail_orphans()
+        assert [t.id for t in result] == [orphan.id] and result[0].status == "failed"
+        orphan = reload(orphan)
+        assert orphan.summary == orphan.error == "The server stopped while the task was running"
+        assert orphan.run.status == "failed"
+        assert reload(paused).status == "waiting_for_input" and reload(fresh).status == "running"
+        assert Wakeup.objects.get().task_id == orphan.id
+        last = orphan.conversation.events.order_by("-seq").first()
+        assert last.data["reason"] == "lease expired" and last.data["from"] == "running"
+        assert store.fail_orphans() == []
+
+
+# --- listings, round trips, database-level guarantees (§7.7.1, §7.7.10, §7.8) ----------------
+
+
+class TestListingsAndRoundTrips:
+    def test_create_and_read_back(self, parent):
+        # 7.7.1
+        task = spawn(parent, kind="sequence", state={"a": [1, 2.5, None, "é"], "b": {"c": True}})
+        read = store.get_task(task.id)
+        assert read.kind == "sequence" and read.state == {
+            "a": [1, 2.5, None, "é"],
+            "b": {"c": True},
+        }
+        with pytest.raises(TaskNotFound):
+            store.get_task("task_nope")
+        assert Task.objects.get(conversation=task.conversation).id == task.id
+
+    def test_every_field_round_trips(self, parent, parent_run):
+        # 7.8.1
+        task = spawn(
+            parent,
+            kind="k",
+            state={"s": 1},
+            inherit={"id": "worker", "tools": ["t"]},
+            depth=2,
+            parent_run=parent_run,
+            tool_call_id="call-1",
+            callback_url="https://example.com/cb",
+            metadata={"m": 1},
+        )
+        read = store.get_task(task.id)
+        for field in (
+            "agent",
+            "input",
+            "label",
+            "kind",
+            "state",
+            "inherit",
+            "depth",
+            "parent_run_id",
+            "tool_call_id",
+            "callback_url",
+            "metadata",
+            "owner_id",
+            "parent_conversation_id",
+            "conversation_id",
+            "run_id",
+            "attempt",
+            "status",
+        ):
+            assert getattr(read, field) == getattr(task, field), field
+
+    def test_listings_and_discard(self, parent):
+        # 7.7.10 and 7.8.4
+        first = spawn(parent)
+        second = started(parent)
+        third = spawn(parent)
+        store.finalize(second.id, second.run_id, "completed")
+        assert {t.id for t in store.live_tasks(parent.id)} == {first.id, third.id}
+        assert [t.id for t in store.tasks_of(parent.id)] == [third.id, second.id, first.id]
+        store.discard_spawn(third.id)
+        with pytest.raises(TaskNotFound):
+            store.get_task(third.id)
+
+    def test_live_listing_matches_terminal(self, parent):
+        # 7.8.5
+        made = {
+            status: TaskFactory(status=status, parent_conversation=parent)
+            for status in TaskStatus.values
+        }
+        live = {t.id for t in store.live_tasks(parent.id)}
+        for status, task in made.items():
+            assert (task.id in live) == (status not in TERMINAL)
+        assert LIVE | TERMINAL == set(TaskStatus.values) and not LIVE & TERMINAL
+
+    def test_wakeup_bookkeeping_does_not_move_the_task(self, parent):
+        # 7.8.3 (adapted)
+        tasks = [started(parent) for _ in range(3)]
+        for task in tasks:
+            store.finalize(task.id, task.run_id, "completed", result="r")
+        stamps = {t.id: reload(t).updated_at for t in tasks}
+        assert wakeups.consume(tasks[0].id, tasks[0].run_id)
+        delivery = Run.objects.create(conversation=parent, agent="default", trigger="wakeup")
+        assert wakeups.mark_delivered([Wakeup.objects.get(task=tasks[1])], delivery.id) == 1
+        Wakeup.objects.filter(task=tasks[2]).update(state="dropped")
+        assert {t.id: reload(t).updated_at for t in tasks} == stamps
+
+    def test_task_without_parent_conversation(self, user):
+        # 7.8.9 (adapted; the model tools' side is covered with them)
+        task = store.create_task(owner=user, agent="worker", input="x")
+        assert Task.objects.get(conversation=task.conversation).id == task.id
+        assert task.parent_conversation_id is None
+        store.claim(task.run_id)
+        assert store.finalize(task.id, task.run_id, "completed", result="r")
+        assert not Wakeup.objects.exists()
+
+
+class TestDeleteTree:
+    def test_rows_do_not_outlive_their_conversation(self, parent):
+        # 7.8.8
+        task = started(parent)
+        Run.objects.filter(pk=task.run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        store.mark_deleting(parent.id)
+        store.delete_tree(parent.id)
+        assert not Task.objects.filter(pk=task.id).exists()
+        fresh = ConversationFactory()
+        assert store.tasks_of(fresh.id) == []
+        assert store.fail_orphans() == []
+
+    @override_settings(AGENTTASKS={"MAX_DEPTH": 2})
+    def test_deleting_removes_the_task_tree(self, parent):
+        # 7.8.10
+        child = started(parent)
+        grandchild = started(child.conversation, depth=2)
+        store.finalize(grandchild.id, grandchild.run_id, "completed", result="r")
+        store.finalize(child.id, child.run_id, "completed", result="r")
+        unrelated = ConversationFactory()
+        store.append_events(unrelated.id, [("message.user", {"content": "hi"}, "", "")])
+        tree = store.mark_deleting(parent.id)
+        assert set(tree) == {parent.id, child.conversation_id, grandchild.conversation_id}
+        store.delete_tree(parent.id)
+        assert not Conversation.objects.filter(pk__in=tree).exists()
+        assert not Task.objects.exists() and not Wakeup.objects.exists()
+        assert not Run.objects.filter(conversation_id__in=tree).exists()
+        assert not Event.objects.filter(conversation_id__in=tree).exists()
+        assert Event.objects.filter(conversation=unrelated).count() == 1
+
+    def test_the_cascade_follows_live_edges_only(self, parent):
+        # 7.8.11: task rows that name the root as parent, but whose own conversation is visible
+        # or hangs under another conversation, do not drag those conversations along.
+        other = ConversationFactory(owner=parent.owner)
+        visible = TaskFactory(
+            status=TaskStatus.COMPLETED,
+            parent_conversation=parent,
+            conversation=ConversationFactory(owner=parent.owner),
+        )
+        foreign = TaskFactory(
+            status=TaskStatus.COMPLETED,
+            parent_conversation=parent,
+            conversation=ConversationFactory(owner=parent.owner, hidden=True, parent=other),
+        )
+        store.append_events(
+            visible.conversation_id, [("message.user", {"content": "keep"}, "", "")]
+        )
+        store.delete_tree(parent.id)
+        assert Conversation.objects.filter(pk=visible.conversation_id).exists()
+        assert Conversation.objects.filter(pk=foreign.conversation_id).exists()
+        assert Event.objects.filter(conversation_id=visible.conversation_id).count() == 1
+        assert not Task.objects.filter(pk__in=[visible.id, foreign.id]).exists()
+
+    def test_unknown_conversation(self, db):
+        with pytest.raises(ConversationNotFound):
+            store.mark_deleting("conv_nope")
+
+
+class TestEventLog:
+    def test_seq_has_no_gaps_and_moves_the_conversation(self, parent):
+        before = Conversation.objects.get(pk=parent.pk).updated_at
+        store.append_events(
+            parent.id, [("message.user", {"content": str(i)}, "", "") for i in range(3)]
+        )
+        store.append_events(parent.id, [("message.assistant", {"content": "ok"}, "", "")])
+        assert list(parent.events.values_list("seq", flat=True)) == [1, 2, 3, 4]
+        parent.refresh_from_db()
+        assert parent.last_seq == 4 and parent.updated_at >= before
