@@ -9,6 +9,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from django.db import transaction
+from django.utils.module_loading import import_string
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,15 @@ class DjangoQBackend:
 class RecordingQueue:
     """Record enqueued run ids instead of executing them (a test double).
 
-    `fail_with` makes the next enqueues raise (a launch failure); `before_enqueue(run_id)` runs
-    inside the launch, before recording, to stage races.
+    Other jobs (wake-up delivery, callbacks) run at once in the caller's thread unless
+    `run_jobs` is False. `fail_with` makes run enqueues raise (a launch failure);
+    `before_enqueue(run_id)` runs inside the launch, before recording, to stage races.
     """
 
-    def __init__(self):
+    def __init__(self, *, run_jobs: bool = True):
         self.run_ids: list[str] = []
         self.jobs: list[tuple[str, tuple]] = []
+        self.run_jobs = run_jobs
         self.fail_with: BaseException | None = None
         self.before_enqueue: Callable[[str], None] | None = None
         self._lock = threading.Lock()
@@ -49,6 +52,8 @@ class RecordingQueue:
         else:
             with self._lock:
                 self.jobs.append((func, args))
+            if self.run_jobs:
+                import_string(func)(*args)
 
 
 _backend = DjangoQBackend()

@@ -27,6 +27,7 @@ from .exceptions import ConversationNotFound, RunNotFound, TaskError, TaskLimit,
 from .models import Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult, Wakeup
 from .states import (
     LIVE,
+    RUN_ACTIVE,
     RUN_ENDED,
     TERMINAL,
     ActionStatus,
@@ -102,6 +103,11 @@ def _lock_task(task_id: str) -> Task:
         # joins and the task looks absent. A new statement sees the committed state.
         if not Task.objects.filter(pk=task_id).exists():
             raise TaskNotFound()
+
+
+def lock_task(task_id: str) -> Task:
+    """Lock a task (with its conversation and current run) inside the caller's transaction."""
+    return _lock_task(task_id)
 
 
 def _lock_conversation(conversation_id: str) -> Conversation:
@@ -288,7 +294,8 @@ def _save_task(task: Task, fields: list[str], now) -> None:
     task.save(update_fields=[*fields, "updated_at"])
 
 
-def _live_count(conversation_id: str) -> int:
+def live_count(conversation_id: str) -> int:
+    """Count the live tasks spawned from a conversation (delegates do not count)."""
     return (
         Task.objects.filter(parent_conversation_id=conversation_id, status__in=LIVE)
         .exclude(kind=DELEGATE)
@@ -336,7 +343,7 @@ def create_task(
                 raise ConversationNotFound() from None
             if parent.deleting_at is not None:
                 raise ConversationNotFound()
-            if cap is not None and cap > 0 and _live_count(parent_id) >= cap:
+            if cap is not None and cap > 0 and live_count(parent_id) >= cap:
                 raise TaskLimit(cap)
             log.hold(parent)
         if Task.objects.filter(pk=task_id).exists():
@@ -757,7 +764,7 @@ def retry_claim(task_id: str, new_run_id: str, max_attempts: int, cap: int | Non
             parent = _lock_conversation(task.parent_conversation_id)
             if parent.deleting_at is not None:
                 return False
-            if cap is not None and cap > 0 and _live_count(parent.id) >= cap:
+            if cap is not None and cap > 0 and live_count(parent.id) >= cap:
                 return False
             log.hold(parent)
         prompt = retry_prompt(task)
@@ -1090,3 +1097,196 @@ def delete_tree(root_id: str) -> list[str]:
         ).delete()
         Conversation.objects.filter(pk__in=tree).delete()
     return stored
+
+
+# --- conversation runs (no task) -------------------------------------------------------------
+
+
+def reclaim_conversation_run(run_id: str, action_id: str, resolution: dict) -> Run | bool:
+    """Resolve an action of a paused conversation run; re-queue the run when none is left open."""
+    now = timezone.now()
+    with transaction.atomic():
+        try:
+            run = (
+                Run.objects.select_related("conversation")
+                .select_for_update(no_key=True, of=("conversation", "self"))
+                .get(pk=run_id)
+            )
+        except Run.DoesNotExist:
+            raise RunNotFound() from None
+        action = PendingAction.objects.select_for_update().filter(pk=action_id).first()
+        if action is None or action.status != ActionStatus.PENDING:
+            return False
+        log = Log()
+        log.hold(run.conversation)
+        if run.status != RunStatus.PAUSED or action.run_id != run_id:
+            _resolve_action(log, action, {"status": ActionStatus.CANCELLED}, now)
+            log.flush()
+            return False
+        _resolve_action(log, action, resolution, now)
+        if not PendingAction.objects.filter(run_id=run_id, status=ActionStatus.PENDING).exists():
+            run.status, run.queued_at = RunStatus.QUEUED, now
+            run.save(update_fields=["status", "queued_at"])
+        log.flush()
+        return run
+
+
+def stop_conversation_runs(conversation_id: str) -> None:
+    """Stop the runs without a task in a conversation tree: queued and paused ones end now."""
+    now = timezone.now()
+    tree = conversation_tree(conversation_id)
+    with transaction.atomic():
+        runs = list(
+            Run.objects.select_for_update().filter(
+                conversation_id__in=tree, task__isnull=True, status__in=RUN_ACTIVE
+            )
+        )
+        for run in runs:
+            if run.status == RunStatus.RUNNING:
+                run.stop_request = StopRequest.NOW
+                run.save(update_fields=["stop_request"])
+            else:
+                _end_run(run, RunStatus.CANCELLED, now)
+
+
+# --- the reaper's reads and writes -----------------------------------------------------------
+
+
+def _expired_cutoff():
+    return timezone.now() - timedelta(seconds=app_settings.LEASE_TIMEOUT)
+
+
+def stuck_endings() -> list[tuple[Task, RunOutcome]]:
+    """Tasks still naming a run whose ending was recorded by a worker that then died."""
+    cutoff = _expired_cutoff()
+    tasks = Task.objects.select_related("run").filter(
+        status__in=(TaskStatus.PENDING, TaskStatus.RUNNING),
+        run__status__in=RUN_ENDED,
+        run__heartbeat_at__lt=cutoff,
+        conversation__deleting_at__isnull=True,
+    )[:500]
+    return [
+        (
+            task,
+            RunOutcome(
+                run_id=task.run_id,
+                status=task.run.status,
+                text=task.run.output,
+                error=task.run.error,
+                graceful_stop=task.run.graceful_stop,
+                append_message=False,
+            ),
+        )
+        for task in tasks
+    ]
+
+
+def fail_dead_conversation_runs() -> list[str]:
+    """Fail taskless runs whose lease expired; return their conversations (a run boundary)."""
+    cutoff = _expired_cutoff()
+    expired = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
+    now = timezone.now()
+    ended = []
+    for run_id in Run.objects.filter(
+        expired, task__isnull=True, status=RunStatus.RUNNING
+    ).values_list("pk", flat=True)[:500]:
+        with transaction.atomic():
+            run = (
+                Run.objects.select_related("conversation")
+                .select_for_update(no_key=True, skip_locked=True, of=("conversation", "self"))
+                .filter(expired, pk=run_id, status=RunStatus.RUNNING)
+                .first()
+            )
+            if run is None:
+                continue
+            log = Log()
+            log.hold(run.conversation)
+            _end_run(run, RunStatus.FAILED, now, error=ORPHAN_TEXT)
+            _run_finished(log, run)
+            log.flush()
+            ended.append(run.conversation_id)
+    return ended
+
+
+def requeue_stale() -> list[str]:
+    """Move the queued_at of runs queued longer than REQUEUE_AFTER; return them to enqueue again."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
+    stale = Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff).filter(
+        Q(task__isnull=True) | Q(task__run_id=models.F("id"))
+    )
+    run_ids = list(stale.values_list("pk", flat=True)[:1000])
+    # Moving queued_at under the same predicate lets only one reaper re-enqueue each run.
+    return [
+        run_id
+        for run_id in run_ids
+        if Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, queued_at__lt=cutoff).update(
+            queued_at=now
+        )
+    ]
+
+
+def conversations_owed() -> list[str]:
+    """Conversations that have pending wake-ups."""
+    return list(
+        Wakeup.objects.filter(state=WakeupState.PENDING)
+        .values_list("conversation_id", flat=True)
+        .distinct()[:1000]
+    )
+
+
+def expired_actions(action_ids=None) -> list[PendingAction]:
+    """Open actions past their deadline (optionally only those ids)."""
+    actions = PendingAction.objects.filter(status=ActionStatus.PENDING, deadline__lt=timezone.now())
+    if action_ids is not None:
+        actions = actions.filter(pk__in=action_ids)
+    return list(actions.order_by("deadline")[:500])
+
+
+def expire_and_cancel(task_id: str, run_id: str, action_id: str) -> Task | bool:
+    """Apply `on_timeout: cancel`: the action expires and the task ends cancelled on its run."""
+    now = timezone.now()
+    with transaction.atomic():
+        task = _lock_task(task_id)
+        action = PendingAction.objects.select_for_update().filter(pk=action_id).first()
+        if action is None or action.status != ActionStatus.PENDING:
+            return False
+        log = Log()
+        _hold_task(log, task)
+        _resolve_action(log, action, {"status": ActionStatus.EXPIRED}, now)
+        log.flush()
+        won = finalize(
+            task_id,
+            run_id,
+            TaskStatus.CANCELLED,
+            summary="timed out waiting for input",
+            reason="timed out waiting for input",
+        )
+        return won
+
+
+def record_progress(run_id: str, state, rendered: str) -> bool:
+    """Record a run's progress state and append task.progress (mirrored to the parent)."""
+    with transaction.atomic():
+        task = _task_rows().filter(run_id=run_id).first()
+        if task is None:
+            updated = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(progress=state)
+            return bool(updated)
+        if task.run.status != RunStatus.RUNNING:
+            return False
+        log = Log()
+        _hold_task(log, task)
+        task.run.progress = state
+        task.run.save(update_fields=["progress"])
+        data = {"taskId": task.id, "runId": run_id, "progress": rendered, "state": state}
+        log.add(task.conversation_id, "task.progress", data, run_id=run_id, task_id=task.id)
+        if log.holds(task.parent_conversation_id):
+            log.add(
+                task.parent_conversation_id,
+                "task.progress",
+                dict(data),
+                run_id=run_id,
+                task_id=task.id,
+            )
+        log.flush()
+        return True

@@ -1,9 +1,68 @@
-"""Wake-up debt: settling results owed to a parent conversation (never touching the task row)."""
+"""Wake-up debt: the notification text, when a parent may be woken, and delivering what it is owed.
 
+The debt itself is written by the store, in the transaction of the ending that owes it. This
+module settles it: `consume` when the model pulled a result in-turn, `deliver_pending` when a
+wake-up turn carries every owed result of a conversation to its agent. Settling never touches the
+task row.
+"""
+
+import logging
+
+from django.db import transaction
 from django.utils import timezone
 
-from .models import Wakeup
-from .states import WakeupState
+from . import ids, queue, store
+from .models import Conversation, PendingAction, Run, Task, Wakeup
+from .states import (
+    RUN_ACTIVE,
+    ActionStatus,
+    RunStatus,
+    RunTrigger,
+    TaskStatus,
+    WakeupState,
+    model_status,
+)
+from .text import go_quote, one_line
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "[task-notification] "
+RETRY_HINT = "(task_retry can resume a failed task from where it stopped)"
+GUIDANCE = (
+    "(These are reports from background agents, not requests from the person. Tell the person "
+    "what happened. The work above is done — do not repeat or re-check it unless they ask.)"
+)
+TRUNCATION_MARKER = " [truncated — call task_status({id}) for the full result]"
+
+
+def task_line(
+    task_id: str, label: str, status: str, summary: str = "", truncated: bool = False
+) -> str:
+    """Render one task's line: a record consumers parse, so label and summary cannot break it."""
+    line = f"Task {go_quote(one_line(label))} ({task_id}) {status}."
+    if summary:
+        line += f" Result: {one_line(summary)}"
+    if truncated:
+        line += TRUNCATION_MARKER.format(id=task_id)
+    return line
+
+
+def format_notification(items) -> str:
+    """Build the wake-up message for items with task_id, label, status, summary and truncated."""
+    lines = []
+    failed = False
+    for item in items:
+        status = (
+            item.status
+            if item.status in ("completed", "failed", "cancelled")
+            else model_status(item.status)
+        )
+        failed = failed or status == "failed"
+        lines.append(task_line(item.task_id, item.label, status, item.summary, item.truncated))
+    if failed:
+        lines.append(RETRY_HINT)
+    lines.append(GUIDANCE)
+    return PREFIX + "\n".join(lines)
 
 
 def consume(task_id: str, run_id: str) -> bool:
@@ -24,3 +83,121 @@ def mark_delivered(wakeups, delivered_run_id: str) -> int:
             pk=wakeup.pk, run_id=wakeup.run_id, state=WakeupState.PENDING
         ).update(state=WakeupState.DELIVERED, delivered_run_id=delivered_run_id, settled_at=now)
     return count
+
+
+def may_wake(conversation: Conversation) -> bool:
+    """Whether a locked conversation may be woken now (DESIGN invariant 7 and spec/README.md).
+
+    Not when it is being deleted, has a queued, running or paused run (its latest run paused on
+    its own action or an escalated one included), or has an open approval or question.
+    """
+    if conversation.deleting_at is not None:
+        return False
+    if Run.objects.filter(conversation_id=conversation.id, status__in=RUN_ACTIVE).exists():
+        return False
+    return not PendingAction.objects.filter(
+        conversation_id=conversation.id, status=ActionStatus.PENDING
+    ).exists()
+
+
+def schedule_delivery(conversation_id: str | None) -> None:
+    """Attempt delivery to a conversation after the current transaction commits."""
+    if conversation_id:
+        queue.enqueue_job("agenttasks.wakeups.deliver_pending", conversation_id)
+
+
+def deliver_pending(conversation_id: str) -> Run | None:
+    """Wake a conversation with every result it is owed: one event, one run, all in one commit."""
+    own_task = Task.objects.filter(conversation_id=conversation_id).only("id", "status").first()
+    try:
+        with transaction.atomic():
+            if own_task is not None:
+                run = _wake_task(own_task.id, conversation_id)
+            else:
+                run = _wake_conversation(conversation_id)
+    except (Conversation.DoesNotExist, Task.DoesNotExist):
+        return None
+    except Exception:
+        logger.exception("wakeups.deliver_failed conversation=%s", conversation_id)
+        return None
+    if run is not None:
+        queue.launch_on_commit(run.id)
+        logger.info("wakeups.delivered conversation=%s run=%s", conversation_id, run.id)
+    return run
+
+
+def _owed(conversation_id: str) -> list[Wakeup]:
+    return list(
+        Wakeup.objects.filter(conversation_id=conversation_id, state=WakeupState.PENDING).order_by(
+            "created_at", "id"
+        )
+    )
+
+
+def _guard(conversation: Conversation) -> bool:
+    try:
+        return may_wake(conversation)
+    except Exception:
+        logger.exception("wakeups.guard_failed conversation=%s", conversation.id)
+        return False
+
+
+def _wake_conversation(conversation_id: str) -> Run | None:
+    conversation = store.lock_conversation(conversation_id)
+    if not _guard(conversation):
+        return None
+    owed = _owed(conversation_id)
+    if not owed:
+        return None
+    text = format_notification(owed)
+    log = store.Log()
+    log.hold(conversation)
+    run = Run.objects.create(
+        conversation=conversation,
+        agent=conversation.agent,
+        trigger=RunTrigger.WAKEUP,
+        input=text,
+        status=RunStatus.QUEUED,
+    )
+    log.add(
+        conversation_id,
+        "task.notification",
+        {"content": text, "taskIds": [w.task_id for w in owed]},
+        run_id=run.id,
+    )
+    log.flush()
+    mark_delivered(owed, run.id)
+    return run
+
+
+def _wake_task(task_id: str, conversation_id: str) -> Run | None:
+    """Wake a task's own conversation (MAX_DEPTH above 1): its next run carries the results."""
+    task = store.lock_task(task_id)
+    if task.conversation.deleting_at is not None:
+        return None
+    owed = _owed(conversation_id)
+    if not owed:
+        return None
+    if task.status == TaskStatus.CANCELLED:
+        # A person stopped it: it is not revived, and what its children owed it is moot.
+        Wakeup.objects.filter(pk__in=[w.pk for w in owed], state=WakeupState.PENDING).update(
+            state=WakeupState.DROPPED, settled_at=timezone.now()
+        )
+        return None
+    if task.status not in (TaskStatus.COMPLETED, TaskStatus.FAILED) or not _guard(
+        task.conversation
+    ):
+        return None  # busy, or waiting on a person: the debt waits for its next ending
+    text = format_notification(owed)
+    run_id = ids.new_run_id()
+    won = store.reopen(
+        task_id,
+        run_id,
+        text,
+        trigger=RunTrigger.WAKEUP,
+        notification_task_ids=[w.task_id for w in owed],
+    )
+    if not won:
+        return None
+    mark_delivered(owed, run_id)
+    return won.run

@@ -1,0 +1,774 @@
+"""The task lifecycle (the brief's Manager): create, spawn, status, retry, stop, continuations.
+
+Every status change goes through `store`; this module decides which transition to ask for,
+launches runs after commit, sends the signals with the snapshot the winning write used, schedules
+callbacks and wake-up delivery, and wakes status waiters.
+"""
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+
+from django.db import DatabaseError, transaction
+
+from . import ids, queue, signals, store, wakeups
+from .conf import app_settings
+from .exceptions import (
+    ActionPending,
+    AlreadyFinal,
+    ConversationNotFound,
+    DepthLimit,
+    LaunchFailed,
+    NotRetryable,
+    RetryConflict,
+    RetryLimit,
+    RunNotFound,
+    SpawnError,
+    StoreError,
+    TaskBusy,
+    TaskError,
+    TaskLimit,
+    TaskNotFound,
+)
+from .listen import hub, task_key
+from .models import Comment, Conversation, PendingAction, Run, Task
+from .runtime import registry
+from .states import LIVE, TERMINAL, ActionStatus, RunStatus, RunTrigger, TaskStatus, model_status
+from .types import Continuation, RunOutcome, StopOutcome, TaskInfo, TaskMeta
+
+__all__ = [
+    "Continuation",
+    "RunOutcome",
+    "StopOutcome",
+    "TaskInfo",
+    "TaskMeta",
+    "comment",
+    "create",
+    "delete_conversation",
+    "list_tasks",
+    "meta_for",
+    "model_has_result",
+    "on_run_finished",
+    "recover",
+    "resolve_action",
+    "retry",
+    "spawn",
+    "status",
+    "stop",
+    "stop_tree",
+]
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import ExceptionGroup
+
+logger = logging.getLogger(__name__)
+
+STATUS_POLL = 0.25
+STOP_SETTLE_WAIT = 2.0
+STOP_PASSES = 2
+LABEL_LENGTH = 60
+DELEGATE = store.DELEGATE
+CEILING_TEXT = "stopped after %d runs: the task's continuation ceiling (%d) was reached"
+NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a job of several runs needs run identity"
+
+
+# --- views -----------------------------------------------------------------------------------
+
+
+def progress_line(task: Task, run: Run | None = None) -> str:
+    """Render the progress of a task with its kind's DESCRIBE_STATE hook, or ''."""
+    try:
+        hook = (
+            app_settings.hook("DESCRIBE_STATE", task.kind)
+            if task.kind or _has_plain_hook()
+            else None
+        )
+        if hook is None:
+            return ""
+        run = run if run is not None else task.run
+        state = run.progress if run is not None and run.progress is not None else task.state
+        return str(hook(state) or "") if state is not None else ""
+    except Exception:
+        logger.exception("lifecycle.describe_failed task=%s", task.id)
+        return ""
+
+
+def _has_plain_hook() -> bool:
+    return "" in (app_settings.DESCRIBE_STATE or {})
+
+
+def info(task: Task, *, agent: str = "") -> TaskInfo:
+    """Return the model-facing view of a task."""
+    return TaskInfo(
+        task_id=task.id,
+        run_id=task.run_id,
+        label=task.label,
+        kind=task.kind,
+        agent=agent,
+        status=model_status(task.status),
+        attempt=task.attempt_no(),
+        summary=task.summary,
+        result=task.result,
+        state=task.state,
+        progress=progress_line(task),
+    )
+
+
+def _read(task_id: str) -> Task:
+    return store.get_task(task_id)
+
+
+def _after_commit(fn: Callable[[], None]) -> None:
+    transaction.on_commit(fn)
+
+
+def _updated(task: Task) -> None:
+    _after_commit(lambda: signals.task_updated.send(sender=Task, task=task))
+
+
+def _wake_waiters(task_id: str) -> None:
+    _after_commit(lambda: hub.publish(task_key(task_id)))
+
+
+def _callback(task: Task, status: str) -> None:
+    from . import callbacks
+
+    callbacks.schedule(task, status)
+
+
+def _ended(task: Task) -> None:
+    """The after-commit reports of a won ending (the task is the written snapshot)."""
+    _wake_waiters(task.id)
+    _updated(task)
+    if task.status == TaskStatus.CANCELLED:
+        _after_commit(lambda: signals.result_delivered.send(sender=Task, snapshot=task))
+    else:
+        _after_commit(lambda: signals.task_finished.send(sender=Task, snapshot=task))
+    _callback(task, task.status)
+    wakeups.schedule_delivery(task.parent_conversation_id)
+    wakeups.schedule_delivery(task.conversation_id)
+
+
+# --- launching -------------------------------------------------------------------------------
+
+
+def _launch(run_id: str) -> None:
+    """Enqueue a run after commit; outside a transaction an enqueue failure raises here."""
+    queue.launch_on_commit(run_id)
+
+
+def _check_agent(agent_id: str) -> None:
+    registry.get(agent_id)
+
+
+# --- create and spawn ------------------------------------------------------------------------
+
+
+def create(
+    *,
+    owner,
+    agent_id: str,
+    input: str,
+    label: str = "",
+    kind: str = "",
+    state=None,
+    callback_url: str | None = None,
+    metadata: dict | None = None,
+    files=(),
+    before_commit: Callable[[Task], None] | None = None,
+) -> Task:
+    """Create a task from REST or site code: a visible conversation, depth 1, no parent.
+
+    `before_commit(task)` runs inside the creating transaction (REST stores the files there).
+    """
+    agent = registry.get(agent_id)
+    with transaction.atomic():
+        task = store.create_task(
+            owner=owner,
+            agent=agent_id,
+            input=input,
+            label=label or " ".join(input.split())[:LABEL_LENGTH],
+            kind=kind,
+            state=state,
+            inherit=agent.snapshot(),
+            callback_url=callback_url or "",
+            metadata=metadata,
+            files=list(files) or None,
+        )
+        if before_commit is not None:
+            before_commit(task)
+    try:
+        _launch(task.run_id)
+    except Exception:
+        # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
+        logger.exception("lifecycle.launch_failed task=%s run=%s", task.id, task.run_id)
+    _updated(task)
+    return task
+
+
+def meta_for(conversation) -> TaskMeta | None:
+    """Return the task whose own conversation this is, or None; a lookup failure raises."""
+    conversation_id = getattr(conversation, "pk", conversation)
+    try:
+        row = (
+            Task.objects.filter(conversation_id=conversation_id)
+            .values("id", "label", "parent_conversation_id", "depth")
+            .first()
+        )
+    except DatabaseError as exc:
+        raise SpawnError.looking_up(str(conversation_id), exc) from exc
+    if row is None:
+        return None
+    return TaskMeta(row["id"], row["label"], row["parent_conversation_id"], row["depth"])
+
+
+def spawn(
+    parent,
+    agent_name: str,
+    input: str,
+    *,
+    label: str = "",
+    kind: str = "",
+    state=None,
+    tool_call_id: str = "",
+    parent_run: Run | None = None,
+) -> TaskInfo:
+    """Start a background task from a model's conversation; returns at once."""
+    if parent is None:
+        raise SpawnError.no_parent()
+    meta = meta_for(parent)
+    depth = 1
+    if meta is not None:
+        depth = meta.depth + 1
+        if depth > app_settings.MAX_DEPTH:
+            raise DepthLimit(meta.depth)
+    label = label or input[:LABEL_LENGTH]
+    if not isinstance(parent, Conversation):
+        parent = Conversation.objects.get(pk=parent)
+    agent_id = agent_name or (parent_run.agent if parent_run is not None else parent.agent)
+    try:
+        agent = registry.get(agent_id)
+    except registry.UnknownAgent as exc:
+        raise SpawnError.resolving_agent(agent_id, exc) from exc
+    try:
+        task = store.create_task(
+            parent_conversation=parent,
+            owner=parent.owner,
+            agent=agent_id,
+            input=input,
+            label=label,
+            kind=kind,
+            state=state,
+            inherit=agent.snapshot(),
+            depth=depth,
+            parent_run=parent_run,
+            tool_call_id=tool_call_id,
+            cap=app_settings.MAX_CONCURRENT_PER_PARENT,
+        )
+    except (TaskLimit, ConversationNotFound):
+        raise
+    except DatabaseError as exc:
+        raise SpawnError.creating_task(exc) from exc
+    try:
+        _launch(task.run_id)
+    except Exception as exc:
+        store.discard_spawn(task.id)
+        raise LaunchFailed.spawn(exc) from exc
+    task = _read(task.id)
+    _updated(task)
+    return info(task, agent=agent.name)
+
+
+# --- status and listings ---------------------------------------------------------------------
+
+
+def status(
+    task_id: str,
+    *,
+    wait: float = 0,
+    stop_check: Callable[[], bool] | None = None,
+    settled=TERMINAL,
+) -> TaskInfo:
+    """Read a task, waiting up to `wait` seconds (clamped to MAX_STATUS_WAIT) for it to settle."""
+    return info(wait_for(task_id, wait=wait, stop_check=stop_check, settled=settled))
+
+
+def wait_for(task_id: str, *, wait: float = 0, stop_check=None, settled=TERMINAL) -> Task:
+    """Return the task once its status is in `settled`, or when the wait runs out."""
+    wait = min(max(float(wait or 0), 0.0), float(app_settings.MAX_STATUS_WAIT))
+    deadline = time.monotonic() + wait
+    with hub.subscribe(task_key(task_id)) as woken:
+        while True:
+            task = _read(task_id)
+            remaining = deadline - time.monotonic()
+            if task.status in settled or remaining <= 0:
+                return task
+            if stop_check is not None and stop_check():
+                return task
+            woken.wait(min(remaining, STATUS_POLL))
+            woken.clear()
+
+
+def list_tasks(conversation) -> list[TaskInfo]:
+    """Every task spawned from the conversation (delegates excluded), newest first."""
+    conversation_id = getattr(conversation, "pk", conversation)
+    tasks = (
+        Task.objects.filter(parent_conversation_id=conversation_id)
+        .exclude(kind=DELEGATE)
+        .select_related("run")
+        .order_by("-created_at", "-id")
+    )
+    return [info(t) for t in tasks]
+
+
+# --- retry -----------------------------------------------------------------------------------
+
+
+def retry(task_id: str) -> TaskInfo:
+    """Resume a failed task on its own conversation as a new attempt."""
+    task = _read(task_id)
+    _refuse_retry(task)
+    run_id = ids.new_run_id()
+    cap = app_settings.MAX_CONCURRENT_PER_PARENT
+    won = store.retry_claim(task.id, run_id, app_settings.MAX_ATTEMPTS, cap)
+    if not won:
+        task = _read(task_id)
+        _refuse_retry(task)
+        if task.parent_conversation_id and store.live_count(task.parent_conversation_id) >= cap:
+            raise TaskLimit(cap, info=info(task))
+        raise RetryConflict(info=info(task))
+    try:
+        _check_agent(won.agent)
+        _launch(run_id)
+    except Exception as exc:
+        full = f"retry could not start: {exc}"
+        released = store.release_retry_claim(
+            task.id, run_id, full[: app_settings.SUMMARY_LIMIT], full
+        )
+        if released:
+            _wake_waiters(task.id)
+            _updated(released)
+            _after_commit(lambda: signals.task_finished.send(sender=Task, snapshot=released))
+            wakeups.schedule_delivery(released.parent_conversation_id)
+        raise LaunchFailed.retry(exc, info=info(_read(task_id))) from exc
+    _updated(won)
+    return info(_read(task_id))
+
+
+def _refuse_retry(task: Task) -> None:
+    if task.kind == DELEGATE:
+        raise NotRetryable(model_status(task.status), info=info(task))
+    if task.status != TaskStatus.FAILED:
+        raise NotRetryable(model_status(task.status), info=info(task))
+    if task.attempt_no() >= app_settings.MAX_ATTEMPTS:
+        raise RetryLimit(app_settings.MAX_ATTEMPTS, info=info(task))
+
+
+# --- stop ------------------------------------------------------------------------------------
+
+
+def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
+    """Stop a task: at most two passes, the second chasing one retry that replaced the first."""
+    for pass_no in range(1, STOP_PASSES + 1):
+        task = _read(task_id)
+        if task.status in TERMINAL:
+            if pass_no == 1:
+                raise AlreadyFinal(model_status(task.status), info=info(task))
+            return info(task)
+        if task.status == TaskStatus.WAITING_FOR_INPUT:
+            won = store.finalize(
+                task.id,
+                task.run_id,
+                TaskStatus.CANCELLED,
+                summary="stopped while awaiting approval",
+                reason="stopped while awaiting input",
+            )
+        else:
+            outcome = store.request_stop(task.id, task.run_id, graceful=graceful)
+            if outcome is StopOutcome.MOVED:
+                continue
+            if outcome is StopOutcome.AFTER_TURN:
+                _updated(task)
+                return info(task)
+            if outcome is StopOutcome.ALREADY_FINISHED and pass_no == 1:
+                _settle(task)
+                continue
+            reason = "stopped" if outcome is StopOutcome.CANCELLED else "stopped while queued"
+            won = store.finalize(
+                task.id, task.run_id, TaskStatus.CANCELLED, summary="stopped", reason=reason
+            )
+        if won:
+            _ended(won)
+            _stop_children(won)
+            return info(_read(task_id))
+    return info(_read(task_id))
+
+
+def _settle(task: Task) -> None:
+    """Give a recorded ending up to 2 s to be applied by its worker."""
+    deadline = time.monotonic() + STOP_SETTLE_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(STATUS_POLL)
+        now = _read(task.id)
+        if now.status in TERMINAL or now.run_id != task.run_id:
+            return
+
+
+def _stop_children(task: Task) -> None:
+    try:
+        stop_tree(task.conversation_id)
+    except Exception:
+        logger.exception("lifecycle.stop_children_failed task=%s", task.id)
+
+
+def stop_tree(conversation) -> None:
+    """Stop every live task spawned from the conversation, and theirs, recursively."""
+    conversation_id = getattr(conversation, "pk", conversation)
+    errors: list[Exception] = []
+    seen: set[str] = set()
+    frontier = [conversation_id]
+    while frontier:
+        try:
+            live = list(
+                Task.objects.filter(
+                    parent_conversation_id__in=frontier, status__in=LIVE
+                ).values_list("id", "conversation_id")
+            )
+        except DatabaseError as exc:
+            raise StoreError.listing_live(exc) from exc
+        frontier = []
+        for task_id, child_conversation_id in live:
+            if task_id in seen:
+                continue
+            seen.add(task_id)
+            frontier.append(child_conversation_id)
+            try:
+                stop(task_id)
+            except (AlreadyFinal, TaskNotFound):
+                pass
+            except Exception as exc:  # collected and raised together
+                errors.append(exc)
+    if errors:
+        raise ExceptionGroup("tasks: stopping the task tree", errors)
+
+
+# --- comments and answers --------------------------------------------------------------------
+
+
+def comment(
+    task_id: str,
+    content: str,
+    *,
+    author=None,
+    metadata: dict | None = None,
+    origin: str = "comment",
+    files=None,
+) -> Comment:
+    """Add a user comment: it re-opens a finished task (or answers a clarification) on a new run."""
+    task = _read(task_id)
+    if task.kind == DELEGATE:
+        raise TaskBusy(
+            task.status, "tasks: a delegate task is driven by its caller", info=info(task)
+        )
+    run_id = ids.new_run_id()
+    won = store.reopen(
+        task.id,
+        run_id,
+        content,
+        author=author,
+        metadata=metadata,
+        origin=origin,
+        trigger="message" if origin == "message" else RunTrigger.COMMENT,
+        files=files,
+    )
+    if not won:
+        task = _read(task_id)
+        actions = list(
+            PendingAction.objects.filter(
+                run_id=task.run_id, status=ActionStatus.PENDING
+            ).values_list("id", flat=True)
+        )
+        if task.status == TaskStatus.WAITING_FOR_INPUT and actions:
+            raise ActionPending(actions, info=info(task))
+        raise TaskBusy(task.status, info=info(task))
+    try:
+        _launch(run_id)
+    except Exception:
+        logger.exception("lifecycle.launch_failed task=%s run=%s", task.id, run_id)
+    _wake_waiters(task.id)
+    _updated(won)
+    return won.new_comment
+
+
+def resolve_action(action_id: str, resolution: dict):
+    """Answer an approval or a question; resume its run when it was the last one open.
+
+    Returns the task as written (or the run, outside tasks), or False when the answer was stale.
+    """
+    action = PendingAction.objects.get(pk=action_id)
+    if action.task_id is not None:
+        won = store.reclaim_working(action.task_id, action.run_id, action_id, resolution)
+        if won:
+            _updated(won)
+            if won.status == TaskStatus.PENDING:
+                _launch(won.run_id)
+        return won
+    won = store.reclaim_conversation_run(action.run_id, action_id, resolution)
+    if won and won.status == RunStatus.QUEUED:
+        _launch(won.id)
+    return won
+
+
+# --- a run's ending --------------------------------------------------------------------------
+
+
+def on_run_finished(conversation, outcome: RunOutcome) -> None:
+    """The single entry point for a run's ending: pause, continue, or finalize its task."""
+    conversation_id = getattr(conversation, "pk", conversation)
+    try:
+        meta = meta_for(conversation_id)
+    except SpawnError:
+        logger.error(
+            "resolving finished run's task; terminal state NOT recorded conversation=%s",
+            conversation_id,
+        )
+        raise
+    if meta is None:
+        if outcome.run_id:
+            store.record_run_end(outcome.run_id, outcome)
+        wakeups.schedule_delivery(conversation_id)
+        return
+    task = _read(meta.task_id)
+    run_id = outcome.run_id or task.run_id
+    full = outcome.text.strip()
+    if outcome.status == "failed" and not full:
+        full = outcome.error
+    status = outcome.status
+    summary = full[: app_settings.SUMMARY_LIMIT]
+    reason = ""
+    if status == "completed" and outcome.graceful_stop:
+        status = TaskStatus.CANCELLED
+        summary = summary or "stopped after the current turn"
+        reason = "stopped after the current turn"
+    if status == "input_required":
+        _pause(task, run_id, outcome)
+        return
+    if status not in TERMINAL:
+        return
+    store.record_run_end(run_id, outcome)
+    final_state = None
+    if _wants_continuation(task, run_id, status, outcome):
+        if outcome.run_id is None:
+            logger.warning(NO_RUN_ID_WARNING)
+        else:
+            step = _continue(task, run_id, outcome)
+            if step is None:
+                return
+            status, full, final_state = step
+            summary = full[: app_settings.SUMMARY_LIMIT]
+    task_result = None
+    if status == TaskStatus.COMPLETED or (status == TaskStatus.CANCELLED and full):
+        task_result = outcome.task_result or {
+            "content": full,
+            "usage": outcome.usage,
+            "metadata": outcome.metadata,
+        }
+    won = store.finalize(
+        task.id,
+        run_id,
+        status,
+        summary=summary,
+        result=full,
+        error=outcome.error if status == outcome.status else "",
+        state=final_state,
+        task_result=task_result,
+        reason=reason,
+    )
+    if won:
+        _ended(won)
+    else:
+        logger.debug("lifecycle.ending_lost task=%s run=%s", task.id, run_id)
+        wakeups.schedule_delivery(task.conversation_id)
+
+
+def _pause(task: Task, run_id: str, outcome: RunOutcome) -> None:
+    partial = {"content": outcome.text, "metadata": outcome.metadata, "usage": outcome.usage}
+    won = store.mark_input_required(
+        task.id,
+        run_id,
+        actions=outcome.actions,
+        clarification=outcome.clarification if not outcome.actions else None,
+        task_result=partial,
+    )
+    if not won:
+        logger.info("lifecycle.pause_lost task=%s run=%s", task.id, run_id)
+        return
+    _wake_waiters(task.id)
+    _updated(won)
+    _callback(won, TaskStatus.WAITING_FOR_INPUT)
+
+
+def _wants_continuation(task: Task, run_id: str, status: str, outcome: RunOutcome) -> bool:
+    return (
+        app_settings.hook("CONTINUE", task.kind) is not None
+        and status != TaskStatus.CANCELLED
+        and not outcome.graceful_stop
+        and task.run_id == run_id
+        and task.status == TaskStatus.RUNNING
+    )
+
+
+def _continue(task: Task, run_id: str, outcome: RunOutcome):
+    """Ask the kind's CONTINUE hook; advance and launch, or return the ending it decided.
+
+    Returns None when the task went on to a next run (or that attempt was settled here), else
+    (status, full text, final state) for the ending.
+    """
+    hook = app_settings.hook("CONTINUE", task.kind)
+    status = TaskStatus.COMPLETED if outcome.status == "completed" else outcome.status
+    full = outcome.text.strip() or (outcome.error if status == TaskStatus.FAILED else "")
+    try:
+        cont = hook(task, outcome)
+    except Exception as exc:
+        return TaskStatus.FAILED, str(exc), None
+    if cont is None:
+        return status, full, None
+    if not cont.input:
+        if cont.error:
+            return TaskStatus.FAILED, cont.error, cont.state
+        return status, full, cont.state
+    if task.continuations >= app_settings.MAX_CONTINUATIONS:
+        return (
+            TaskStatus.FAILED,
+            CEILING_TEXT % (task.continuations + 1, app_settings.MAX_CONTINUATIONS),
+            None,
+        )
+    next_run_id = ids.new_run_id()
+    try:
+        advanced = store.advance(task.id, run_id, next_run_id, input=cont.input, state=cont.state)
+        reason = None if advanced else "the task was moved before the next run could start"
+    except Exception as exc:
+        advanced, reason = False, str(exc)
+    if not advanced:
+        return TaskStatus.FAILED, "could not advance to the next run: " + reason, None
+    try:
+        _check_agent(advanced.agent)
+        _launch(next_run_id)
+    except Exception as exc:
+        text = "could not start the next run: " + str(exc)
+        won = store.finalize(
+            task.id,
+            next_run_id,
+            TaskStatus.FAILED,
+            summary=text[: app_settings.SUMMARY_LIMIT],
+            result=text,
+        )
+        if won:
+            _ended(won)
+        return None
+    _updated(advanced)
+    return None
+
+
+# --- delivery on the model's path ------------------------------------------------------------
+
+
+def model_has_result(task_info: TaskInfo | None) -> None:
+    """Settle the debt of a result the model was handed, bound to its run and attempt."""
+    if task_info is None or task_info.status not in ("completed", "failed", "cancelled"):
+        return
+    try:
+        task = _read(task_info.task_id)
+    except TaskNotFound:
+        return
+    if (
+        task.status not in TERMINAL
+        or task.run_id != task_info.run_id
+        or task.attempt_no() != task_info.attempt
+    ):
+        return
+    if wakeups.consume(task.id, task_info.run_id):
+        signals.result_delivered.send(sender=Task, snapshot=task)
+
+
+# --- recovery --------------------------------------------------------------------------------
+
+
+def recover() -> list[Task]:
+    """One reaper pass: orphans, stuck endings, dead taskless runs, requeues, timeouts, delivery."""
+    try:
+        orphans = store.fail_orphans()
+    except DatabaseError as exc:
+        raise StoreError.failing_orphans(exc) from exc
+    if orphans:
+        logger.info("recover.orphans count=%d", len(orphans))
+    for task in orphans:
+        signals.task_finished.send(sender=Task, snapshot=task)
+        signals.task_updated.send(sender=Task, task=task)
+        hub.publish(task_key(task.id))
+        _callback(task, TaskStatus.FAILED)
+        wakeups.schedule_delivery(task.parent_conversation_id)
+    for task, outcome in store.stuck_endings():
+        try:
+            on_run_finished(task.conversation_id, outcome)
+        except TaskError:
+            logger.info("recover.stuck_ending_gone task=%s", task.id)
+    for conversation_id in store.fail_dead_conversation_runs():
+        wakeups.schedule_delivery(conversation_id)
+    for run_id in store.requeue_stale():
+        try:
+            queue.enqueue_run(run_id)
+        except Exception:
+            logger.exception("recover.requeue_failed run=%s", run_id)
+    expire_actions()
+    for conversation_id in store.conversations_owed():
+        wakeups.deliver_pending(conversation_id)
+    return orphans
+
+
+def expire_actions(action_ids=None) -> list[str]:
+    """Apply the timeout of every open action past its deadline; return the ids it settled."""
+    settled = []
+    for action in store.expired_actions(action_ids):
+        if action.on_timeout == "cancel" and action.task_id is not None:
+            won = store.expire_and_cancel(action.task_id, action.run_id, action.id)
+            if won:
+                _ended(won)
+        else:
+            won = resolve_action(action.id, {"status": ActionStatus.EXPIRED, "on_timeout": "deny"})
+        if won:
+            settled.append(action.id)
+    return settled
+
+
+# --- deleting --------------------------------------------------------------------------------
+
+
+def delete_conversation(conversation_id: str) -> None:
+    """Stop and delete a conversation's whole tree; its stored files go after commit."""
+    store.mark_deleting(conversation_id)
+    store.stop_conversation_runs(conversation_id)
+    stop_tree(conversation_id)
+    stored = store.delete_tree(conversation_id)
+    if stored:
+        from . import files
+
+        files.remove_stored(stored)
+
+
+# --- convenience for site code ---------------------------------------------------------------
+
+
+def record_progress(run_id: str, state) -> None:
+    """Record a run's progress state (tools, API, stream and admin show it rendered)."""
+    run = Run.objects.select_related("task").filter(pk=run_id).first()
+    if run is None:
+        raise RunNotFound()
+    rendered = progress_line(run.task, run=_with_progress(run, state)) if run.task_id else ""
+    store.record_progress(run_id, state, rendered)
+
+
+def _with_progress(run: Run, state) -> Run:
+    run.progress = state
+    return run

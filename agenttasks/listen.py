@@ -1,0 +1,112 @@
+"""Wake waiters in this process when a task settles or a conversation gets events.
+
+Writers in this process publish after commit. On PostgreSQL one listener thread per process also
+LISTENs to the notifications the database triggers send at commit, so writes made by any process
+wake waiters at once. Waiters still poll (every 0.25 s at most), so nothing depends on delivery.
+"""
+
+import logging
+import threading
+from collections import defaultdict
+from contextlib import contextmanager
+
+from django.db import connections
+
+logger = logging.getLogger(__name__)
+
+CHANNELS = {"agenttasks_task_ended": "task:", "agenttasks_events": "conv:"}
+
+
+def task_key(task_id: str) -> str:
+    return "task:" + task_id
+
+
+def conversation_key(conversation_id: str) -> str:
+    return "conv:" + conversation_id
+
+
+class Hub:
+    """A registry of in-process waiters by key, fed locally and by PostgreSQL notifications."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = defaultdict(set)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.enabled = True  # tests turn in-process wake-ups off to prove the polling path
+
+    @contextmanager
+    def subscribe(self, key: str):
+        """Yield an Event that is set whenever `key` is published while subscribed."""
+        self._ensure_listening()
+        event = threading.Event()
+        with self._lock:
+            self._waiters[key].add(event)
+        try:
+            yield event
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[key]
+
+    def publish(self, key: str) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            waiters = list(self._waiters.get(key, ()))
+        for event in waiters:
+            event.set()
+
+    def _ensure_listening(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        if connections["default"].vendor != "postgresql":
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(
+                    target=self._listen, name="agenttasks-listen", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the listener thread (tests do this before the test database is dropped)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(5)
+        self._thread = None
+
+    def _listen(self) -> None:
+        import psycopg
+
+        while not self._stop.is_set():
+            try:
+                settings = connections["default"].settings_dict
+                params = {
+                    "dbname": settings["NAME"],
+                    "user": settings.get("USER") or None,
+                    "password": settings.get("PASSWORD") or None,
+                    "host": settings.get("HOST") or None,
+                    "port": settings.get("PORT") or None,
+                }
+                with psycopg.connect(
+                    autocommit=True, **{k: v for k, v in params.items() if v}
+                ) as conn:
+                    for channel in CHANNELS:
+                        conn.execute(f"LISTEN {channel}")
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self.publish(CHANNELS.get(note.channel, "") + note.payload)
+            except Exception:
+                if self._stop.is_set():
+                    return
+                logger.warning("listen.reconnect", exc_info=True)
+                self._stop.wait(1.0)
+
+
+hub = Hub()

@@ -1,0 +1,342 @@
+"""The four model tools: spawn_task, task_status, task_retry and task_stop.
+
+Usable by any agent loop: `task_tools(conversation, run)` returns objects with `name`,
+`description`, `parameters` (an OpenAI function schema, strict), `schema()` and
+`call(arguments, tool_call_id) -> ToolOutput`. The conversation and the spawning run are bound
+here, never taken from the model; a task id from another conversation reads as nonexistent.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import lifecycle
+from ..conf import app_settings
+from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
+from ..models import Task
+from ..types import TaskInfo
+
+logger = logging.getLogger(__name__)
+
+SPAWN_DESCRIPTION = (
+    "Start a background task: another agent works on the input while you continue. Returns a "
+    "task_id immediately. When the task finishes you are notified automatically in a later turn — "
+    "after spawning, finish your reply and END YOUR TURN instead of polling. Only reach for "
+    "task_status when the user explicitly asks for progress (use its wait_seconds rather than a "
+    "polling loop); task_stop cancels."
+)
+STATUS_DESCRIPTION = (
+    "Check a background task started with spawn_task. Statuses: working, input_required (waiting "
+    "for a human approval), completed, failed, cancelled. For finished tasks the result field "
+    "carries the FULL final output — the wake-up notification only shows a truncated summary. Set "
+    "wait_seconds for one bounded wait instead of calling this in a loop. With no task_id it lists "
+    "this conversation's tasks — the way back to an id you no longer have."
+)
+RETRY_DESCRIPTION = (
+    "Resume a FAILED background task from where it stopped: same conversation, same progress, a "
+    "new attempt. Prefer this over spawning a fresh task after a transient failure (a rate limit, "
+    "a dropped connection) — a new task starts from nothing and pays again for everything this one "
+    "already did. Only a failed task can be resumed, and only a limited number of times; when the "
+    "failure is one a rerun cannot fix, spawn a new task instead."
+)
+STOP_DESCRIPTION = "Stop a background task started with spawn_task."
+
+
+def _schema(properties: dict) -> dict:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+SPAWN_PARAMETERS = _schema(
+    {
+        "agent_name": {
+            "type": "string",
+            "description": "Agent to run the task with; empty uses the current agent",
+        },
+        "input": {"type": "string", "description": "The task prompt for the agent"},
+        "label": {
+            "type": "string",
+            "description": "Short human-readable task label shown in the UI",
+        },
+    }
+)
+STATUS_PARAMETERS = _schema(
+    {
+        "task_id": {
+            "type": "string",
+            "description": "The id returned by spawn_task; empty lists every task of this conversation "
+            "instead (newest first, summaries only)",
+        },
+        "wait_seconds": {
+            "type": "integer",
+            "description": "Block up to this many seconds for the task to finish before returning "
+            "(0 = return immediately). Prefer one wait over repeated polling",
+        },
+    }
+)
+RETRY_PARAMETERS = _schema(
+    {"task_id": {"type": "string", "description": "The id of the failed task to resume"}}
+)
+STOP_PARAMETERS = _schema(
+    {
+        "task_id": {"type": "string", "description": "The id returned by spawn_task"},
+        "graceful": {
+            "type": "boolean",
+            "description": "Finish the current turn before stopping instead of aborting immediately",
+        },
+    }
+)
+
+_JSON_TYPES = {"string": str, "integer": int, "boolean": bool}
+
+
+@dataclass
+class ToolOutput:
+    """What a model tool returns: text for the model, plus a display hint and details for a UI."""
+
+    text: str
+    display: str | None = None
+    details: dict | None = None
+    is_error: bool = False
+
+    @property
+    def output(self) -> str:
+        return self.text
+
+    @property
+    def metadata(self) -> dict | None:
+        return self.details
+
+
+def tool_error(exc_or_text) -> ToolOutput:
+    """A tool error: the exception's text verbatim, nothing else."""
+    return ToolOutput(text=str(exc_or_text), is_error=True)
+
+
+def describe(info: TaskInfo, progress: str | None = None) -> str:
+    """Render the status card's text (no escaping)."""
+    progress = info.progress if progress is None else progress
+    lines = [f"task_id: {info.task_id}", f"status: {info.status}"]
+    if info.attempt > 1:
+        lines.append(f"attempt: {info.attempt}")
+    if info.label:
+        lines.append(f"label: {info.label}")
+    if info.kind:
+        lines.append(f"kind: {info.kind}")
+    if info.agent:
+        lines.append(f"agent: {info.agent}")
+    if progress:
+        lines.append(f"progress: {progress}")
+    result = info.result or info.summary
+    if result:
+        lines.append(f"result: {result}")
+    return "\n".join(lines)
+
+
+def tool_result(info: TaskInfo, progress: str | None = None) -> ToolOutput:
+    """The status card of a task."""
+    return ToolOutput(
+        text=describe(info, progress),
+        display="task",
+        details={
+            "task_id": info.task_id,
+            "task_label": info.label,
+            "task_status": info.status,
+            "task_agent": info.agent,
+            "task_attempt": info.attempt,
+            "task_result": info.result or info.summary,
+        },
+    )
+
+
+def listing(infos: list[TaskInfo]) -> str:
+    """Render a conversation's tasks, newest first, with summaries only."""
+    if not infos:
+        return "no tasks in this conversation"
+    limit = app_settings.SUMMARY_LIMIT
+    parts = [f"{len(infos)} task(s), newest first (task_status with the id fetches a full result):"]
+    for info in infos:
+        line = f"\n- {info.task_id}: {info.status}"
+        if info.kind:
+            line += f" · {info.kind}"
+        if info.label:
+            line += f" · {info.label}"
+        if info.attempt > 1:
+            line += f" · attempt {info.attempt}"
+        if info.progress:
+            line += f" · {info.progress}"
+        if info.summary:
+            line += f" — {info.summary[:limit]}"
+        if info.status not in ("completed", "failed", "cancelled"):
+            line += " (still working — do not redo its work; you will be told when it finishes)"
+        parts.append(line)
+    return "".join(parts)
+
+
+@dataclass
+class ModelTool:
+    """One of the four tools, bound to a conversation and the run that calls it."""
+
+    name: str
+    description: str
+    parameters: dict
+    handler: Callable[["ModelTool", dict, str], ToolOutput]
+    conversation_id: str | None = None
+    run: object = None
+    stop_check: Callable[[], bool] | None = field(default=None, repr=False)
+
+    def schema(self) -> dict:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+                "strict": True,
+            },
+        }
+
+    def call(self, arguments: dict, tool_call_id: str = "") -> ToolOutput:
+        problem = _invalid(self.parameters, arguments)
+        if problem:
+            return tool_error(f"{self.name}: invalid arguments: {problem}")
+        return self.handler(self, arguments, tool_call_id)
+
+    def owned(self, task_id: str) -> Task:
+        """Return the task when the bound conversation spawned it; otherwise it does not exist."""
+        if not self.conversation_id:
+            raise TaskError("task tools: no session in the run context")
+        task = (
+            Task.objects.filter(pk=task_id, parent_conversation_id=self.conversation_id)
+            .exclude(kind=lifecycle.DELEGATE)
+            .first()
+        )
+        if task is None:
+            raise TaskNotFound()
+        return task
+
+
+def _invalid(parameters: dict, arguments) -> str:
+    if not isinstance(arguments, dict):
+        return "arguments must be a JSON object"
+    properties = parameters["properties"]
+    extra = sorted(set(arguments) - set(properties))
+    if extra:
+        return f"unknown property {extra[0]!r}"
+    for name, spec in properties.items():
+        if name not in arguments:
+            return f"property {name!r} is required"
+        expected = _JSON_TYPES[spec["type"]]
+        value = arguments[name]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            return f"property {name!r} must be a {spec['type']}"
+    return ""
+
+
+def _spawn(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
+    if not tool.conversation_id:
+        return tool_error("spawn_task: no session in the run context")
+    try:
+        info = lifecycle.spawn(
+            tool.conversation_id,
+            args["agent_name"],
+            args["input"],
+            label=args["label"],
+            tool_call_id=tool_call_id,
+            parent_run=tool.run,
+        )
+    except Exception as exc:
+        return tool_error(exc)
+    lifecycle.model_has_result(info)
+    return tool_result(info)
+
+
+def _status(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
+    if not args["task_id"]:
+        if not tool.conversation_id:
+            return tool_error("task_status: no session in the run context")
+        return ToolOutput(text=listing(lifecycle.list_tasks(tool.conversation_id)))
+    try:
+        task = tool.owned(args["task_id"])
+        info = lifecycle.status(
+            task.id, wait=max(args["wait_seconds"], 0), stop_check=tool.stop_check
+        )
+    except Exception as exc:
+        return tool_error(exc)
+    lifecycle.model_has_result(info)
+    return tool_result(info)
+
+
+def _retry(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
+    try:
+        task = tool.owned(args["task_id"])
+        info = lifecycle.retry(task.id)
+    except Exception as exc:
+        refused = getattr(exc, "info", None)
+        if refused is None:
+            return tool_error(exc)
+        lifecycle.model_has_result(refused)
+        card = tool_result(refused)
+        card.text = f"{exc}\n{describe(refused)}"
+        card.is_error = True
+        return card
+    lifecycle.model_has_result(info)
+    return tool_result(info)
+
+
+def _stop(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
+    try:
+        task = tool.owned(args["task_id"])
+        info = lifecycle.stop(task.id, graceful=args["graceful"])
+    except AlreadyFinal as exc:
+        card = tool_result(exc.info)
+        card.is_error = True  # news, not a failure to retry
+        return card
+    except Exception as exc:
+        return tool_error(exc)
+    return tool_result(info)
+
+
+_TOOLS = (
+    ("spawn_task", SPAWN_DESCRIPTION, SPAWN_PARAMETERS, _spawn),
+    ("task_status", STATUS_DESCRIPTION, STATUS_PARAMETERS, _status),
+    ("task_retry", RETRY_DESCRIPTION, RETRY_PARAMETERS, _retry),
+    ("task_stop", STOP_DESCRIPTION, STOP_PARAMETERS, _stop),
+)
+
+
+def task_tools(conversation, run=None, *, stop_check=None) -> list[ModelTool]:
+    """Return spawn_task, task_status, task_retry and task_stop bound to a conversation and run."""
+    conversation_id = getattr(conversation, "pk", conversation)
+    return [
+        ModelTool(name, description, parameters, handler, conversation_id, run, stop_check)
+        for name, description, parameters, handler in _TOOLS
+    ]
+
+
+def spawn_tool(conversation, run=None, *, stop_check=None) -> ModelTool:
+    """Return only spawn_task."""
+    return task_tools(conversation, run, stop_check=stop_check)[0]
+
+
+def control_tools(conversation, run=None, *, stop_check=None) -> list[ModelTool]:
+    """Return task_status, task_retry and task_stop, for a site that brings its own spawn tool."""
+    return task_tools(conversation, run, stop_check=stop_check)[1:]
+
+
+def attachable(conversation) -> bool:
+    """Whether a run on this conversation gets the tools: not a task's, or one below MAX_DEPTH."""
+    try:
+        meta = lifecycle.meta_for(conversation)
+    except Exception:
+        logger.warning(
+            "task_tools.withheld conversation=%s",
+            getattr(conversation, "pk", conversation),
+            exc_info=True,
+        )
+        return False
+    return meta is None or meta.depth < app_settings.MAX_DEPTH
