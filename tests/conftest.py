@@ -129,3 +129,22 @@ def signal_log():
     signals.task_updated.disconnect(log._updated)
     signals.task_finished.disconnect(log._finished)
     signals.result_delivered.disconnect(log._delivered)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_listener_before_teardown(django_db_setup, django_db_blocker):
+    """The PostgreSQL listener holds a connection; close it before the test database is dropped."""
+    yield
+    from agenttasks.listen import hub
+
+    hub.stop()
+
+
+@pytest.fixture
+def no_local_wakeups():
+    """Turn off in-process wake-ups so a waiter must notice a change by polling."""
+    from agenttasks.listen import hub
+
+    hub.enabled = False
+    yield
+    hub.enabled = True
