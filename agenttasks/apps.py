@@ -7,4 +7,11 @@ class AgentTasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            queue,
+            reaper,
+        )
+
+        # Each django-q2 worker process runs the reaper at start and then every REAP_INTERVAL.
+        queue.on_worker_start(reaper.start_ticker)

@@ -1,11 +1,188 @@
-"""Outbound callbacks: one POST per ending to the task's callbackUrl, after commit."""
+"""Outbound callbacks: one POST per ending to the task's callbackUrl, sent after commit.
 
-from . import queue
+The URL is checked when the task is created and again when the callback is sent: every address
+the host resolves to must be global (unless the host is allowed), and the connection goes to the
+address that was checked, so a DNS answer that changes in between cannot reach a refused
+address. No redirects, no retries; the outcome is an event in the task's conversation.
+"""
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import socket
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from django.utils import timezone
+
+from . import __version__, queue, store
+from .conf import app_settings
+from .exceptions import ConversationNotFound
+from .models import Task
+from .text import iso
+
+logger = logging.getLogger(__name__)
 
 NOTIFIED = ("completed", "failed", "waiting_for_input", "cancelled")
+MAX_URL_LENGTH = 2000
 
 
-def schedule(task, status: str) -> None:
-    """Queue the callback of a task entering `status`, if it has a callback URL."""
+class CallbackURLError(ValueError):
+    """A callbackUrl that may not be used; the message is the API's."""
+
+
+def check_syntax(url) -> None:
+    """Refuse a callbackUrl that is not a plain http(s) URL."""
+    if not isinstance(url, str) or len(url) > MAX_URL_LENGTH:
+        if isinstance(url, str):
+            raise CallbackURLError(f"callbackUrl must be at most {MAX_URL_LENGTH} characters")
+        raise CallbackURLError("callbackUrl must be an http or https URL")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018  (raises on a malformed port)
+    except ValueError:
+        raise CallbackURLError("callbackUrl must be an http or https URL") from None
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        raise CallbackURLError("callbackUrl must be an http or https URL")
+    if parts.username is not None or parts.password is not None:
+        raise CallbackURLError("callbackUrl must not contain credentials")
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """Return every address a host name resolves to (tests replace this with a stub)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+def is_public(address: str) -> bool:
+    """Whether an address is global: not loopback, private, link-local, shared, reserved, …"""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not (
+        ip.is_multicast
+        or ip.is_reserved
+        or ip.is_loopback
+        or ip.is_link_local
+        or ip.is_unspecified
+        or ip.is_private
+    )
+
+
+def check_address(url: str) -> list[str]:
+    """Resolve the URL's host and return its addresses, refusing any that is not public."""
+    parts = urlsplit(url)
+    host = parts.hostname.lower()
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    allowed = {h.lower() for h in app_settings.CALLBACK_ALLOWED_HOSTS or ()}
+    try:
+        addresses = [str(ipaddress.ip_address(host))]
+    except ValueError:
+        try:
+            addresses = resolve(host, port)
+        except (OSError, UnicodeError):
+            addresses = []
+    if not addresses:
+        raise CallbackURLError(f"callbackUrl host could not be resolved: {host}")
+    if host not in allowed:
+        for address in addresses:
+            if not is_public(address):
+                raise CallbackURLError(f"callbackUrl resolves to a non-public address: {address}")
+    return addresses
+
+
+def schedule(task: Task, status: str) -> None:
+    """Queue the callback of a task entering `status`, once per ending, if it has a URL."""
     if task.callback_url and status in NOTIFIED:
-        queue.enqueue_job("agenttasks.callbacks.send", task.id, status)
+        queue.enqueue_job("agenttasks.callbacks.send", task.id, status, task.version)
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """The X-Agenttasks-Signature header value for a body sent at `timestamp`."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def send(task_id: str, status: str, version: int = 0) -> dict | None:
+    """POST the callback of one ending (the queued job); record and log the outcome."""
+    if version and not Task.objects.filter(pk=task_id, callback_version__lt=version).update(
+        callback_version=version
+    ):
+        return None  # this ending's callback was already sent (a job delivered twice)
+    task = (
+        Task.objects.filter(pk=task_id)
+        .only("id", "callback_url", "error", "conversation_id")
+        .first()
+    )
+    if task is None or not task.callback_url:
+        return None
+    payload = {"taskId": task.id, "status": status}
+    if status == "failed":
+        payload["error"] = task.error
+    payload["timestamp"] = iso(timezone.now())
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": f"agenttasks/{__version__}"}
+    if app_settings.CALLBACK_SIGNING_SECRET:
+        headers["X-Agenttasks-Signature"] = signature(
+            app_settings.CALLBACK_SIGNING_SECRET, int(time.time()), body
+        )
+    started = time.monotonic()
+    outcome = {"taskId": task.id, "status": status}
+    host = urlsplit(task.callback_url).hostname or ""
+    try:
+        address = check_address(task.callback_url)[0]
+        response = _post(task.callback_url, address, body, headers)
+    except CallbackURLError as exc:
+        outcome["error"] = str(exc)
+    except httpx.TimeoutException:
+        outcome["error"] = f"timed out after {format(app_settings.CALLBACK_TIMEOUT, 'g')}s"
+    except httpx.HTTPError as exc:
+        outcome["error"] = str(exc) or type(exc).__name__
+    else:
+        outcome["httpStatus"] = response.status_code
+        if not 200 <= response.status_code < 300:
+            outcome["error"] = f"HTTP {response.status_code}"
+    outcome["durationMs"] = int((time.monotonic() - started) * 1000)
+    delivered = "error" not in outcome
+    if delivered:
+        logger.info("Callback delivered: task_id=%s status=%s", task.id, outcome["httpStatus"])
+    elif "httpStatus" in outcome:
+        logger.warning("Callback failed: task_id=%s status=%s", task.id, outcome["httpStatus"])
+    else:
+        logger.warning(
+            "Error sending callback to %s: task_id=%s error=%s", host, task.id, outcome["error"]
+        )
+    event = "callback.delivered" if delivered else "callback.failed"
+    try:
+        store.append_events(task.conversation_id, [(event, outcome, "", task.id)])
+    except ConversationNotFound:
+        pass
+    return outcome
+
+
+def _post(url: str, address: str, body: bytes, headers: dict) -> httpx.Response:
+    """POST to the checked address, naming the host in Host and in TLS (SNI, certificate)."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    netloc = f"[{address}]" if ":" in address else address
+    if parts.port:
+        netloc += f":{parts.port}"
+    pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+    host_header = host if not parts.port else f"{host}:{parts.port}"
+    if ":" in host:
+        host_header = f"[{host}]" + (f":{parts.port}" if parts.port else "")
+    with httpx.Client(
+        timeout=app_settings.CALLBACK_TIMEOUT, follow_redirects=False, trust_env=False
+    ) as client:
+        request = client.build_request(
+            "POST",
+            pinned,
+            content=body,
+            headers={**headers, "Host": host_header},
+            extensions={"sni_hostname": host},
+        )
+        return client.send(request)

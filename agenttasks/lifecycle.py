@@ -5,6 +5,7 @@ launches runs after commit, sends the signals with the snapshot the winning writ
 callbacks and wake-up delivery, and wakes status waiters.
 """
 
+import dataclasses
 import logging
 import sys
 import time
@@ -34,7 +35,16 @@ from .exceptions import (
 from .listen import hub, task_key
 from .models import Comment, Conversation, PendingAction, Run, Task
 from .runtime import registry
-from .states import LIVE, TERMINAL, ActionStatus, RunStatus, RunTrigger, TaskStatus, model_status
+from .states import (
+    LIVE,
+    TERMINAL,
+    ActionStatus,
+    RunStatus,
+    RunTrigger,
+    StopRequest,
+    TaskStatus,
+    model_status,
+)
 from .types import Continuation, RunOutcome, StopOutcome, TaskInfo, TaskMeta
 
 __all__ = [
@@ -552,8 +562,16 @@ def on_run_finished(conversation, outcome: RunOutcome) -> None:
         summary = summary or "stopped after the current turn"
         reason = "stopped after the current turn"
     if status == "input_required":
-        _pause(task, run_id, outcome)
-        return
+        if _pause(task, run_id, outcome) or not _stopping_after_turn(run_id):
+            return
+        # The store refused the pause of a run asked to stop after its turn: it ends instead,
+        # as a graceful stop (§3.14.4), so no action is left open and the stop is honoured.
+        outcome = dataclasses.replace(
+            outcome, status="completed", graceful_stop=True, actions=(), clarification=None
+        )
+        status = TaskStatus.CANCELLED
+        summary = summary or "stopped after the current turn"
+        reason = "stopped after the current turn"
     if status not in TERMINAL:
         return
     store.record_run_end(run_id, outcome)
@@ -592,7 +610,7 @@ def on_run_finished(conversation, outcome: RunOutcome) -> None:
         wakeups.schedule_delivery(task.conversation_id)
 
 
-def _pause(task: Task, run_id: str, outcome: RunOutcome) -> None:
+def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
     partial = {"content": outcome.text, "metadata": outcome.metadata, "usage": outcome.usage}
     won = store.mark_input_required(
         task.id,
@@ -603,10 +621,17 @@ def _pause(task: Task, run_id: str, outcome: RunOutcome) -> None:
     )
     if not won:
         logger.info("lifecycle.pause_lost task=%s run=%s", task.id, run_id)
-        return
+        return False
     _wake_waiters(task.id)
     _updated(won)
     _callback(won, TaskStatus.WAITING_FOR_INPUT)
+    return True
+
+
+def _stopping_after_turn(run_id: str) -> bool:
+    return Run.objects.filter(
+        pk=run_id, status=RunStatus.RUNNING, stop_request=StopRequest.AFTER_TURN
+    ).exists()
 
 
 def _wants_continuation(task: Task, run_id: str, status: str, outcome: RunOutcome) -> bool:

@@ -36,10 +36,10 @@ class Hub:
         self.enabled = True  # tests turn in-process wake-ups off to prove the polling path
 
     @contextmanager
-    def subscribe(self, key: str):
-        """Yield an Event that is set whenever `key` is published while subscribed."""
+    def subscribe(self, key: str, event: threading.Event | None = None):
+        """Yield an Event (a new one, or the given one) set whenever `key` is published."""
         self._ensure_listening()
-        event = threading.Event()
+        event = event or threading.Event()
         with self._lock:
             self._waiters[key].add(event)
         try:

@@ -95,3 +95,28 @@ def enqueue_job(func: str, *args) -> None:
             logger.exception("enqueue failed func=%s args=%s", func, args)
 
     transaction.on_commit(send)
+
+
+def install_schedule(name: str, func: str, minutes: int = 1) -> None:
+    """Make sure a repeating django-q2 schedule runs `func` every `minutes` (idempotent)."""
+    from django_q.models import Schedule
+
+    try:
+        Schedule.objects.get_or_create(
+            name=name,
+            defaults={
+                "func": func,
+                "schedule_type": Schedule.MINUTES,
+                "minutes": minutes,
+                "repeats": -1,
+            },
+        )
+    except Exception:
+        logger.exception("queue.schedule_failed name=%s", name)
+
+
+def on_worker_start(receiver) -> None:
+    """Call `receiver()` whenever a django-q2 worker process starts."""
+    from django_q.signals import post_spawn
+
+    post_spawn.connect(receiver, dispatch_uid="agenttasks.worker_start", weak=False)

@@ -291,7 +291,8 @@ def delegation_key(agent: str, prompt: str) -> str:
 
 def _save_task(task: Task, fields: list[str], now) -> None:
     task.updated_at = now
-    task.save(update_fields=[*fields, "updated_at"])
+    task.version += 1
+    task.save(update_fields=[*fields, "updated_at", "version"])
 
 
 def live_count(conversation_id: str) -> int:
@@ -575,6 +576,9 @@ def mark_input_required(
             task.status != TaskStatus.RUNNING
             or task.run_id != run_id
             or run.status != RunStatus.RUNNING
+            # A run told to stop never pauses for a person: it ends instead (lifecycle §3.14.4),
+            # even when its runtime had not yet read the request when it asked.
+            or run.stop_request
         ):
             return False
         log = Log()

@@ -1,7 +1,11 @@
 """The demo site's agents (the README lists what each does)."""
 
+import time
+
 from agenttasks.runtime import registry
 from agenttasks.runtime.base import Reply
+from agenttasks.runtime.task_tools import task_tools
+from agenttasks.wakeups import PREFIX
 
 
 def describe_state(state) -> str:
@@ -20,12 +24,100 @@ def echo(ctx) -> Reply:
     )
 
 
+def slow(ctx) -> Reply:
+    """Sleep metadata.seconds (default 5) in 0.1 s steps, reporting progress once a second."""
+    seconds = int(ctx.metadata.get("seconds", 5))
+    steps = seconds * 10
+    for i in range(steps):
+        if i % 10 == 0:
+            ctx.progress({"step": i // 10 + 1, "of": seconds, "name": "sleep"})
+        ctx.check_cancelled()
+        time.sleep(0.1)
+    return Reply(content=f"Slept {seconds}s")
+
+
+def clarify(ctx) -> Reply:
+    """Ask `Which format?` the legacy way; answer `Done in <last user comment>` afterwards."""
+    user_comments = [c for c in ctx.metadata["comments"] if c["role"] == "user"]
+    if not user_comments:
+        return Reply(content="Which format?", metadata={"waitingForInput": True})
+    return Reply(content=f"Done in {user_comments[-1]['content']}")
+
+
+def boom(ctx) -> Reply:
+    """Fail with `kaboom`."""
+    raise RuntimeError("kaboom")
+
+
+def flaky(ctx) -> Reply:
+    """Fail the first attempt with `rate limited`; recover on the next."""
+    if ctx.attempt == 1:
+        raise RuntimeError("rate limited")
+    return Reply(content=f"Recovered on attempt {ctx.attempt}")
+
+
+def approver(ctx) -> Reply:
+    """Ask approval to `deploy` to the input's environment."""
+    env = ctx.task.input if ctx.task is not None else ctx.input
+    if ctx.request_approval("deploy", {"env": env}):
+        return Reply(content=f"deployed to {env}")
+    return Reply(content="not deployed")
+
+
+def asker(ctx) -> Reply:
+    """Ask which format (PDF or HTML) and reply with the answer."""
+    answers = ctx.ask([{"id": "q1", "question": "Which format?", "options": ["PDF", "HTML"]}])
+    values = (answers.get("q1") or {}).get("values") or [
+        (answers.get("q1") or {}).get("freeText", "")
+    ]
+    return Reply(content=f"format: {values[0] if values else ''}")
+
+
+def docs(ctx) -> Reply:
+    """List the files of the conversation."""
+    return Reply(content="Files: " + ", ".join(f"{f.name} ({f.size} bytes)" for f in ctx.files))
+
+
+def lead(ctx) -> Reply:
+    """Spawn a background echo task on a message; note the result when woken."""
+    message = ctx.latest_user_message
+    if message.startswith(PREFIX):
+        first_line = message[len(PREFIX) :].split("\n", 1)[0]
+        return Reply(content=f"noted: {first_line}")
+    spawn_task = task_tools(ctx.conversation, ctx.run)[0]
+    card = spawn_task.call(
+        {"agent_name": "echo", "input": f"sub: {message}", "label": ""}, "lead-spawn"
+    )
+    if card.is_error:
+        return Reply(content=card.text)
+    return Reply(content=f"Started {card.details['task_id']}")
+
+
+DEMO_AGENTS = {
+    "echo": (echo, "replies Echo: <your message>", None),
+    "slow": (slow, "sleeps metadata.seconds (default 5), reporting progress", None),
+    "clarify": (clarify, "asks which format the legacy way, then finishes", None),
+    "boom": (boom, "always fails with kaboom", None),
+    "flaky": (flaky, "fails its first attempt, recovers on retry", None),
+    "approver": (approver, "asks approval to deploy to <input>", None),
+    "asker": (asker, "asks which format: PDF or HTML", None),
+    "docs": (
+        docs,
+        "lists the files it was given",
+        {
+            "enabled": True,
+            "allowedTypes": ["application/pdf", "text/*"],
+            "maxSize": 1024,
+            "maxCount": 2,
+        },
+    ),
+    "lead": (lead, "spawns a background echo task and notes its result", None),
+}
+
+
 def register_demo_agents() -> None:
     """Register the demo agents (idempotent, so tests can reload the app)."""
-    registry.register(
-        "echo",
-        runtime="callable",
-        handler=echo,
-        does="replies Echo: <your message>",
-        replace=True,
-    )
+    for agent_id, (handler, does, files) in DEMO_AGENTS.items():
+        registry.register(
+            agent_id, runtime="callable", handler=handler, does=does, files=files, replace=True
+        )

@@ -148,3 +148,37 @@ def no_local_wakeups():
     hub.enabled = False
     yield
     hub.enabled = True
+
+
+@pytest.fixture
+def real_queue(recording_queue):
+    """Send runs and jobs to the real django-q2 broker (instead of recording them)."""
+    with queue.use_backend(queue.DjangoQBackend()) as backend:
+        yield backend
+
+
+@pytest.fixture
+def start_cluster(transactional_db, real_queue):
+    """Start real django-q2 clusters against the test database; all stop after the test."""
+    from .cluster import Cluster
+
+    started = []
+
+    def start(workers: int = 2, **settings):
+        cluster = Cluster(workers=workers, settings=settings).start()
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.kill()  # a graceful django-q2 shutdown takes seconds; the test is over anyway
+
+
+@pytest.fixture
+def receiver():
+    """A callback receiver at http://127.0.0.1:<port>/cb."""
+    from .receiver import Receiver
+
+    r = Receiver()
+    yield r
+    r.close()

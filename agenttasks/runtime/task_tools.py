@@ -233,7 +233,8 @@ def _invalid(parameters: dict, arguments) -> str:
         expected = _JSON_TYPES[spec["type"]]
         value = arguments[name]
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            return f"property {name!r} must be a {spec['type']}"
+            article = "an" if spec["type"][0] in "aeiou" else "a"
+            return f"property {name!r} must be {article} {spec['type']}"
     return ""
 
 

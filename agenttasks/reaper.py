@@ -1,0 +1,91 @@
+"""The reaper: fail runs whose worker died, re-enqueue forgotten runs, time out actions.
+
+It runs at cluster start and every REAP_INTERVAL in each worker process (a daemon thread), as a
+django-q2 schedule that installs itself, and as `manage.py agenttasks_reap`. Every rule is
+lease-based and every write a compare-and-set, so any number of reapers on any number of
+machines can run at once.
+"""
+
+import logging
+import random
+import threading
+from datetime import timedelta
+
+from django.db import close_old_connections
+from django.db.models import Q
+from django.utils import timezone
+
+from . import lifecycle, queue
+from .conf import app_settings
+from .models import PendingAction, Run, Task, Wakeup
+from .states import ActionStatus, RunStatus, TaskStatus, WakeupState
+
+logger = logging.getLogger(__name__)
+
+SCHEDULE_NAME = "agenttasks reaper"
+_ticker: threading.Thread | None = None
+_ticker_lock = threading.Lock()
+
+
+def reap() -> dict:
+    """Run one reaper pass; return what it did (the django-q2 schedule's job)."""
+    close_old_connections()
+    try:
+        failed = lifecycle.recover()
+        return {"failed": [t.id for t in failed]}
+    finally:
+        close_old_connections()
+
+
+def preview() -> dict:
+    """Say what a reaper pass would do, changing nothing (`agenttasks_reap --dry-run`)."""
+    now = timezone.now()
+    lease = now - timedelta(seconds=app_settings.LEASE_TIMEOUT)
+    expired = Q(run__heartbeat_at__lt=lease) | Q(
+        run__heartbeat_at__isnull=True, run__started_at__lt=lease
+    )
+    requeue = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
+    return {
+        "orphans": list(
+            Task.objects.filter(
+                expired, status=TaskStatus.RUNNING, run__status=RunStatus.RUNNING
+            ).values_list("id", flat=True)
+        ),
+        "requeue": list(
+            Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=requeue).values_list(
+                "id", flat=True
+            )
+        ),
+        "expired_actions": list(
+            PendingAction.objects.filter(status=ActionStatus.PENDING, deadline__lt=now).values_list(
+                "id", flat=True
+            )
+        ),
+        "owed_conversations": list(
+            Wakeup.objects.filter(state=WakeupState.PENDING)
+            .values_list("conversation_id", flat=True)
+            .distinct()
+        ),
+    }
+
+
+def _tick() -> None:
+    interval = app_settings.REAP_INTERVAL
+    while True:
+        try:
+            reap()
+        except Exception:
+            logger.exception("reaper.pass_failed")
+        # Jitter spreads the passes of several worker processes over the interval.
+        threading.Event().wait(interval * random.uniform(0.75, 1.25))
+
+
+def start_ticker(**kwargs) -> None:
+    """Start this process's reaper thread once (connected to django-q2's worker start)."""
+    global _ticker
+    with _ticker_lock:
+        if _ticker is not None and _ticker.is_alive():
+            return
+        queue.install_schedule(SCHEDULE_NAME, "agenttasks.reaper.reap")
+        _ticker = threading.Thread(target=_tick, name="agenttasks-reaper", daemon=True)
+        _ticker.start()

@@ -1,0 +1,46 @@
+"""The callable runtime: a Python function `handle(ctx) -> Reply` runs the whole turn."""
+
+from ..types import RunOutcome
+from .base import GracefulStop, PauseRun, Reply, RunContext, RunStopped
+
+
+def execute(ctx: RunContext) -> RunOutcome:
+    """Run the agent's handler once and report how the run ended."""
+    try:
+        reply = ctx.agent.handler(ctx)
+    except PauseRun as pause:
+        return RunOutcome(ctx.run_id, "input_required", text=pause.text, actions=pause.actions)
+    except GracefulStop:
+        return RunOutcome(ctx.run_id, "completed", graceful_stop=True)
+    except RunStopped:
+        return RunOutcome(ctx.run_id, "cancelled")
+    if reply is None:
+        reply = Reply()
+    elif isinstance(reply, str):
+        reply = Reply(content=reply)
+    metadata = dict(reply.metadata or {})
+    if metadata.get("waitingForInput") and ctx.task is not None and ctx.task.kind != "delegate":
+        # The legacy clarification: the question is an agent comment; the next comment answers.
+        return RunOutcome(
+            ctx.run_id,
+            "input_required",
+            text=reply.content,
+            clarification=reply.content,
+            metadata=metadata,
+            usage=reply.usage,
+        )
+    ctx.check_cancelled()
+    return RunOutcome(
+        ctx.run_id,
+        "completed",
+        text=reply.content,
+        usage=reply.usage,
+        metadata=metadata,
+        graceful_stop=ctx.stop.after_turn,
+        task_result={
+            "content": reply.content,
+            "metadata": metadata,
+            "usage": reply.usage,
+            "files": reply.files,
+        },
+    )

@@ -1,0 +1,144 @@
+"""Execute one run on a django-q2 worker: claim, heartbeat, run the agent, record the ending.
+
+A second delivery of the same run is a no-op (the claim is a compare-and-set). No transaction
+or row lock is held while the agent works; an exception becomes a failed run, never a lost one.
+"""
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from . import lifecycle, store
+from .conf import app_settings
+from .exceptions import RunNotFound, TaskNotFound
+from .listen import hub, task_key
+from .models import Run
+from .runtime import registry
+from .runtime.base import RunContext, RunStopped, StopFlag
+from .types import RunOutcome
+
+logger = logging.getLogger(__name__)
+
+
+def worker_identity() -> str:
+    """Name the claiming process: host, pid and thread."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class Heartbeat(threading.Thread):
+    """Refresh the run's heartbeat and read its stop request until stopped.
+
+    It wakes every HEARTBEAT_INTERVAL, and at once when the run's task settles (a stop finalizes
+    the task, which this process hears in-process or through PostgreSQL notifications).
+    """
+
+    def __init__(self, run: Run, worker: str, flag: StopFlag):
+        super().__init__(name=f"heartbeat-{run.id}", daemon=True)
+        self.run_id = run.id
+        self.task_id = run.task_id
+        self.worker = worker
+        self.flag = flag
+        self._done = threading.Event()
+        self._wake = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self.task_id:
+                with hub.subscribe(task_key(self.task_id), self._wake):
+                    self._loop()
+            else:
+                self._loop()
+        finally:
+            connection.close()
+
+    def _loop(self) -> None:
+        interval = app_settings.HEARTBEAT_INTERVAL
+        while not self._done.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._done.is_set():
+                return
+            try:
+                self.beat()
+            except Exception:
+                logger.warning("heartbeat.failed run=%s", self.run_id, exc_info=True)
+
+    def beat(self) -> None:
+        # Refreshed until on_run_finished returns (also after the ending is recorded), so the
+        # reaper can tell a worker still applying an ending from one that died doing so.
+        row = Run.objects.filter(pk=self.run_id, worker=self.worker)
+        row.update(heartbeat_at=timezone.now())
+        current = row.values_list("stop_request", flat=True).first()
+        # A run that is gone, or no longer this worker's, reads as an immediate stop.
+        self.flag.set("now" if current is None else current)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._wake.set()
+        self.join(5)
+
+
+def execute_run(run_id: str) -> None:
+    """Claim a queued run and execute it (the django-q2 job enqueued by queue.py)."""
+    close_old_connections()
+    worker = worker_identity()
+    try:
+        run = store.claim(run_id, worker)
+    except RunNotFound:
+        logger.info("worker.run_gone run=%s", run_id)
+        return
+    if not run:
+        logger.debug("worker.not_claimed run=%s", run_id)
+        return
+    flag = StopFlag()
+    flag.set(run.stop_request)
+    heartbeat = Heartbeat(run, worker, flag)
+    heartbeat.start()
+    try:
+        outcome = _execute(run, flag)
+        try:
+            lifecycle.on_run_finished(run.conversation_id, outcome)
+        except (TaskNotFound, RunNotFound):
+            logger.info("worker.tree_deleted run=%s", run_id)
+    finally:
+        heartbeat.stop()
+        close_old_connections()
+
+
+def _execute(run: Run, flag: StopFlag) -> RunOutcome:
+    """Run the agent's runtime outside any transaction and turn every ending into an outcome."""
+    try:
+        agent = registry.get(run.agent)
+        run = Run.objects.select_related("conversation__owner", "task").get(pk=run.pk)
+        ctx = RunContext(
+            run=run, conversation=run.conversation, task=run.task, agent=agent, stop=flag
+        )
+        runtime = _runtime(agent.runtime)
+        outcome = runtime(ctx)
+        # The end of the turn: read the stop request as it is now, not as the last beat saw it.
+        stop_request = ctx.read_stop_request()
+        if stop_request == "now" and outcome.status not in ("failed", "cancelled"):
+            return RunOutcome(run.id, "cancelled")
+        if stop_request == "after_turn" and outcome.status == "completed" and not outcome.graceful_stop:
+            return dataclasses.replace(outcome, graceful_stop=True)
+        return outcome
+    except RunStopped:
+        return RunOutcome(run.id, "cancelled")
+    except registry.UnknownAgent as exc:
+        return RunOutcome(run.id, "failed", error=f"Agent not found: {run.agent} ({exc})")
+    except Exception as exc:
+        logger.exception("worker.run_raised run=%s", run.id)
+        return RunOutcome(run.id, "failed", error=str(exc) or type(exc).__name__)
+
+
+def _runtime(name: str):
+    if name == "callable":
+        from .runtime import callable as runtime
+    else:
+        from .runtime import chat as runtime
+    return runtime.execute

@@ -1,0 +1,84 @@
+"""A real django-q2 cluster in a subprocess, on the test database (PostgreSQL or SQLite file)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_env() -> dict:
+    """Point a subprocess at the database the tests use."""
+    settings = connection.settings_dict
+    if connection.vendor == "postgresql":
+        user = settings.get("USER") or "postgres"
+        host = settings.get("HOST") or "127.0.0.1"
+        port = settings.get("PORT") or "5432"
+        return {"DATABASE_URL": f"postgres://{user}@{host}:{port}/{settings['NAME']}"}
+    return {"SQLITE_PATH": str(settings["NAME"])}
+
+
+class Cluster:
+    """`manage.py qcluster` with the given worker count and AGENTTASKS overrides."""
+
+    def __init__(self, workers: int = 2, settings: dict | None = None):
+        self.workers = workers
+        self.settings = settings or {}
+        self.process: subprocess.Popen | None = None
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+
+    def start(self, timeout: float = 30) -> "Cluster":
+        env = {
+            **os.environ,
+            **database_env(),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "Q_WORKERS": str(self.workers),
+            "AGENTTASKS_TEST_SETTINGS": json.dumps(self.settings),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self._ready.clear()
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # so kill() can take the whole process group
+        )
+        threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise RuntimeError("cluster did not start:\n" + "\n".join(self.lines[-40:]))
+        return self
+
+    def _read(self, process):
+        for line in process.stdout:
+            self.lines.append(line.rstrip())
+            if "ready for work" in line:
+                self._ready.set()
+
+    def kill(self) -> None:
+        """SIGKILL the whole cluster (sentinel, workers, pusher, monitor): a machine dying."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return "\n".join(self.lines)

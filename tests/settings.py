@@ -1,0 +1,24 @@
+"""Settings for the test suite: the demo site plus the test agents (registered by tests.apps)."""
+
+import json
+import os
+
+from project.settings import *  # noqa: F403
+from project.settings import INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.apps.TestAgentsConfig"]
+
+# A cluster started by a test (a subprocess) takes its AGENTTASKS overrides from the environment.
+if os.environ.get("AGENTTASKS_TEST_SETTINGS"):
+    AGENTTASKS = {**AGENTTASKS, **json.loads(os.environ["AGENTTASKS_TEST_SETTINGS"])}  # noqa: F405
+
+# Each pytest process gets its own test database, so several suites can run side by side.
+_TEST_SUFFIX = os.environ.get("AGENTTASKS_TEST_DB_SUFFIX") or str(os.getpid())
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
+    import tempfile
+
+    DATABASES["default"]["TEST"] = {  # noqa: F405
+        "NAME": os.path.join(tempfile.gettempdir(), f"agenttasks-test-{_TEST_SUFFIX}.sqlite3")
+    }
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"{DATABASES['default']['TEST']['NAME']}_{_TEST_SUFFIX}"}  # noqa: F405
