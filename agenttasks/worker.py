@@ -124,7 +124,11 @@ def _execute(run: Run, flag: StopFlag) -> RunOutcome:
         stop_request = ctx.read_stop_request()
         if stop_request == "now" and outcome.status not in ("failed", "cancelled"):
             return RunOutcome(run.id, "cancelled")
-        if stop_request == "after_turn" and outcome.status == "completed" and not outcome.graceful_stop:
+        if (
+            stop_request == "after_turn"
+            and outcome.status == "completed"
+            and not outcome.graceful_stop
+        ):
             return dataclasses.replace(outcome, graceful_stop=True)
         return outcome
     except RunStopped:

@@ -22,7 +22,12 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with receiver._lock:
                     receiver.requests.append(
-                        {"path": self.path, "headers": dict(self.headers), "raw": body, "json": _json(body)}
+                        {
+                            "path": self.path,
+                            "headers": dict(self.headers),
+                            "raw": body,
+                            "json": _json(body),
+                        }
                     )
                 if receiver.delay:
                     time.sleep(receiver.delay)

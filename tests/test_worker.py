@@ -1,7 +1,6 @@
 """Runs on a real django-q2 cluster: every way a run can end, ends correctly."""
 
 import time
-from pathlib import Path
 
 import pytest
 from django.test.utils import override_settings
@@ -33,11 +32,22 @@ def test_echo_completes(start_cluster, user):
     start_cluster()
     task = create(user, "echo")
     done = settled(task.id)
-    assert done.status == "completed" and done.result == "Echo: hello" and done.summary == "Echo: hello"
+    assert (
+        done.status == "completed"
+        and done.result == "Echo: hello"
+        and done.summary == "Echo: hello"
+    )
     assert done.task_result.usage == {"inputTokens": 1, "outputTokens": 2, "totalTokens": 3}
     types = list(done.conversation.events.order_by("seq").values_list("type", flat=True))
-    assert types == ["message.user", "task.status", "run.started", "task.status", "message.assistant",
-                     "run.finished", "task.status"]
+    assert types == [
+        "message.user",
+        "task.status",
+        "run.started",
+        "task.status",
+        "message.assistant",
+        "run.finished",
+        "task.status",
+    ]
 
 
 def test_boom_fails_with_its_message(start_cluster, user):
@@ -55,8 +65,11 @@ def test_flaky_fails_then_completes_after_retry(start_cluster, user):
     assert info.attempt == 2
     done = settled(task.id)
     assert (done.status, done.result, done.attempt) == ("completed", "Recovered on attempt 2", 2)
-    assert list(Run.objects.filter(task=task).order_by("created_at").values_list("trigger", flat=True)) == [
-        "initial", "retry",
+    assert list(
+        Run.objects.filter(task=task).order_by("created_at").values_list("trigger", flat=True)
+    ) == [
+        "initial",
+        "retry",
     ]
 
 
@@ -78,7 +91,9 @@ def test_approver_approved_and_denied(start_cluster, user, approved, reply):
     settled(task.id, ("waiting_for_input",))
     action = PendingAction.objects.get(task=task)
     assert (action.kind, action.tool_name, action.args) == ("approval", "deploy", {"env": "prod"})
-    assert lifecycle.resolve_action(action.id, {"status": "approved" if approved else "denied", "decided_by": user})
+    assert lifecycle.resolve_action(
+        action.id, {"status": "approved" if approved else "denied", "decided_by": user}
+    )
     done = settled(task.id)
     assert (done.status, done.result) == ("completed", reply)
     # The resumed run is the same run: one run.started, one run in all.
@@ -91,8 +106,13 @@ def test_asker_answered(start_cluster, user):
     task = create(user, "asker")
     settled(task.id, ("waiting_for_input",))
     action = PendingAction.objects.get(task=task)
-    assert action.questions[0]["options"] == [{"label": "PDF", "value": "PDF"}, {"label": "HTML", "value": "HTML"}]
-    lifecycle.resolve_action(action.id, {"status": "answered", "answers": {"q1": {"values": ["HTML"]}}})
+    assert action.questions[0]["options"] == [
+        {"label": "PDF", "value": "PDF"},
+        {"label": "HTML", "value": "HTML"},
+    ]
+    lifecycle.resolve_action(
+        action.id, {"status": "answered", "answers": {"q1": {"values": ["HTML"]}}}
+    )
     assert settled(task.id).result == "format: HTML"
 
 
@@ -102,7 +122,10 @@ def test_slow_task_stopped_immediately(start_cluster, user, tmp_path):
     settled(task.id, ("running",))
     info = lifecycle.stop(task.id)
     assert info.status == "cancelled"
-    run = wait_for(lambda: (r := Run.objects.get(pk=task.run_id)).ended_at and r, message="the worker observed the stop")
+    run = wait_for(
+        lambda: (r := Run.objects.get(pk=task.run_id)).ended_at and r,
+        message="the worker observed the stop",
+    )
     assert run.status == "cancelled"
     done = Task.objects.get(pk=task.id)
     assert (done.status, done.summary) == ("cancelled", "stopped")
@@ -152,22 +175,37 @@ def test_duplicate_delivery_executes_once(start_cluster, user, tmp_path):
 def test_throughput_smoke(start_cluster, user):
     start_cluster(workers=2)
     ids = [create(user, "echo", f"m{i}").id for i in range(200)]
-    wait_for(lambda: Task.objects.filter(pk__in=ids, status="completed").count() == 200, timeout=120,
-             message="200 echo tasks completed")
+    wait_for(
+        lambda: Task.objects.filter(pk__in=ids, status="completed").count() == 200,
+        timeout=120,
+        message="200 echo tasks completed",
+    )
     assert Run.objects.filter(task_id__in=ids).count() == 200
     assert Event.objects.filter(task_id__in=ids, type="run.started").count() == 200
-    assert Event.objects.filter(task_id__in=ids, type="task.status", data__to="completed").count() == 200
+    assert (
+        Event.objects.filter(task_id__in=ids, type="task.status", data__to="completed").count()
+        == 200
+    )
 
 
 def test_kill_minus_nine_recovers(start_cluster, user, tmp_path, receiver):
-    settings = {"LEASE_TIMEOUT": 3, "HEARTBEAT_INTERVAL": 1, "REAP_INTERVAL": 1,
-                "CALLBACK_ALLOWED_HOSTS": ["127.0.0.1"]}
+    settings = {
+        "LEASE_TIMEOUT": 3,
+        "HEARTBEAT_INTERVAL": 1,
+        "REAP_INTERVAL": 1,
+        "CALLBACK_ALLOWED_HOSTS": ["127.0.0.1"],
+    }
     cluster = start_cluster(**settings)
     gate = tmp_path / "gate"
     rest_task = create(user, "gate", callback_url=receiver.url, metadata={"gate": str(gate)})
     parent = ConversationFactory(owner=user, agent="echo")
-    spawned = store.create_task(parent_conversation=parent, owner=user, agent="gate", input="held",
-                                metadata={"gate": str(gate)})
+    spawned = store.create_task(
+        parent_conversation=parent,
+        owner=user,
+        agent="gate",
+        input="held",
+        metadata={"gate": str(gate)},
+    )
     queue.enqueue_run(spawned.run_id)
     settled(rest_task.id, ("running",))
     settled(spawned.id, ("running",))
@@ -182,7 +220,10 @@ def test_kill_minus_nine_recovers(start_cluster, user, tmp_path, receiver):
     assert recovery < 3 + 1 + 5  # LEASE_TIMEOUT + one reaper interval + cluster start-up
     wait_for(lambda: len(receiver.requests) >= 1, message="the failed callback")
     # The parent is told once: one delivered notification naming the task.
-    wait_for(lambda: Wakeup.objects.filter(task=spawned, state="delivered").count() == 1, message="delivery")
+    wait_for(
+        lambda: Wakeup.objects.filter(task=spawned, state="delivered").count() == 1,
+        message="delivery",
+    )
     notes = Event.objects.filter(conversation=parent, type="task.notification")
     assert notes.count() == 1 and spawned.id in notes.get().data["content"]
     gate.touch()
@@ -209,6 +250,8 @@ def test_approval_timeout_cancel(start_cluster, user):
     done = settled(task.id, timeout=30)
     assert (done.status, done.summary) == ("cancelled", "timed out waiting for input")
     assert PendingAction.objects.get(task=task).status == "expired"
-    assert Conversation.objects.get(pk=task.conversation_id).events.filter(
-        type="task.status", data__reason="timed out waiting for input"
-    ).exists()
+    assert (
+        Conversation.objects.get(pk=task.conversation_id)
+        .events.filter(type="task.status", data__reason="timed out waiting for input")
+        .exists()
+    )
