@@ -193,6 +193,11 @@ def create(
     `before_commit(task)` runs inside the creating transaction (REST stores the files there).
     """
     agent = registry.get(agent_id)
+    if callback_url:
+        from . import callbacks
+
+        callbacks.check_syntax(callback_url)
+        callbacks.check_address(callback_url)
     with transaction.atomic():
         task = store.create_task(
             owner=owner,

@@ -1,0 +1,226 @@
+"""Callbacks: the exact payload, the signature, outcomes as events, and the SSRF guard."""
+
+import hashlib
+import hmac
+import json
+import logging
+
+import pytest
+from django.test.utils import override_settings
+
+from agenttasks import callbacks, lifecycle, store
+from agenttasks.callbacks import CallbackURLError
+from agenttasks.models import Event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALLOW_LOOPBACK = {"CALLBACK_ALLOWED_HOSTS": ["127.0.0.1"]}
+
+
+@pytest.fixture
+def resolver(monkeypatch):
+    """A stub DNS: name -> list of addresses (a list of lists answers call by call)."""
+    answers: dict = {}
+    calls: list = []
+
+    def resolve(host, port):
+        calls.append(host)
+        answer = answers.get(host, [])
+        if answer and isinstance(answer[0], list):
+            return answer.pop(0) if len(answer) > 1 else answer[0]
+        return answer
+
+    monkeypatch.setattr(callbacks, "resolve", resolve)
+    resolve.answers, resolve.calls = answers, calls
+    return resolve
+
+
+def ended(user, status, url, error=""):
+    """A task with a callback that ended with `status` (as the store wrote it)."""
+    with override_settings(AGENTTASKS=ALLOW_LOOPBACK):
+        task = lifecycle.create(owner=user, agent_id="echo", input="x", callback_url=url)
+    store.claim(task.run_id, "w")
+    store.finalize(task.id, task.run_id, status, result=error or "ok", error=error)
+    return store.get_task(task.id)
+
+
+def outcome_events(task):
+    return list(
+        Event.objects.filter(conversation_id=task.conversation_id, type__startswith="callback.")
+    )
+
+
+@override_settings(AGENTTASKS=ALLOW_LOOPBACK)
+def test_delivered_payload_and_event(user, receiver):
+    task = ended(user, "completed", receiver.url)
+    callbacks.send(task.id, "completed", task.version)
+    (request,) = receiver.requests
+    body = request["json"]
+    assert list(body) == ["taskId", "status", "timestamp"]
+    assert (body["taskId"], body["status"]) == (task.id, "completed")
+    assert body["timestamp"].endswith("Z") and len(body["timestamp"]) == 24
+    assert request["raw"] == json.dumps(body, separators=(",", ":")).encode()
+    assert request["headers"]["Content-Type"] == "application/json"
+    assert request["headers"]["User-Agent"].startswith("agenttasks/")
+    assert "X-Agenttasks-Signature" not in request["headers"]
+    (event,) = outcome_events(task)
+    assert event.type == "callback.delivered" and event.data["httpStatus"] == 200
+    assert event.data["status"] == "completed" and "durationMs" in event.data
+
+
+@override_settings(AGENTTASKS={**ALLOW_LOOPBACK, "CALLBACK_SIGNING_SECRET": "s3cret"})
+def test_failed_signed(user, receiver):
+    task = ended(user, "failed", receiver.url, error="kaboom")
+    callbacks.send(task.id, "failed", task.version)
+    (request,) = receiver.requests
+    assert request["json"]["error"] == "kaboom" and list(request["json"]) == [
+        "taskId",
+        "status",
+        "error",
+        "timestamp",
+    ]
+    header = request["headers"]["X-Agenttasks-Signature"]
+    t, v1 = (part.split("=", 1)[1] for part in header.split(","))
+    expected = hmac.new(b"s3cret", f"{t}.".encode() + request["raw"], hashlib.sha256).hexdigest()
+    assert v1 == expected
+
+
+@override_settings(AGENTTASKS=ALLOW_LOOPBACK)
+def test_a_job_delivered_twice_sends_once(user, receiver):
+    task = ended(user, "completed", receiver.url)
+    callbacks.send(task.id, "completed", task.version)
+    callbacks.send(task.id, "completed", task.version)
+    assert len(receiver.requests) == 1
+
+
+@override_settings(AGENTTASKS=ALLOW_LOOPBACK)
+def test_non_2xx_is_a_failure_without_retry(user, receiver, caplog):
+    receiver.status = 500
+    task = ended(user, "completed", receiver.url)
+    with caplog.at_level(logging.WARNING, logger="agenttasks.callbacks"):
+        callbacks.send(task.id, "completed", task.version)
+    assert len(receiver.requests) == 1
+    (event,) = outcome_events(task)
+    assert event.type == "callback.failed" and event.data["httpStatus"] == 500
+    assert f"Callback failed: task_id={task.id} status=500" in caplog.text
+    assert store.get_task(task.id).status == "completed"
+
+
+@override_settings(AGENTTASKS=ALLOW_LOOPBACK)
+def test_redirects_are_not_followed(user, receiver):
+    from .receiver import Receiver
+
+    target = Receiver()
+    try:
+        receiver.status, receiver.location = 302, target.url
+        task = ended(user, "completed", receiver.url)
+        callbacks.send(task.id, "completed", task.version)
+        assert len(receiver.requests) == 1 and target.requests == []
+        (event,) = outcome_events(task)
+        assert event.type == "callback.failed" and event.data["httpStatus"] == 302
+    finally:
+        target.close()
+
+
+@override_settings(AGENTTASKS={**ALLOW_LOOPBACK, "CALLBACK_TIMEOUT": 1})
+def test_timeout(user, receiver, caplog):
+    receiver.delay = 3
+    task = ended(user, "completed", receiver.url)
+    with caplog.at_level(logging.WARNING, logger="agenttasks.callbacks"):
+        callbacks.send(task.id, "completed", task.version)
+    (event,) = outcome_events(task)
+    assert event.type == "callback.failed" and "timed out" in event.data["error"]
+    assert f"Error sending callback to 127.0.0.1: task_id={task.id}" in caplog.text
+
+
+REFUSED = [
+    ("ftp://x.example/cb", "callbackUrl must be an http or https URL"),
+    ("http://user:pw@127.0.0.1/cb", "callbackUrl must not contain credentials"),
+    ("http://10.0.0.5/cb", "callbackUrl resolves to a non-public address: 10.0.0.5"),
+    ("http://100.64.0.1/cb", "callbackUrl resolves to a non-public address: 100.64.0.1"),
+    ("http://169.254.169.254/", "callbackUrl resolves to a non-public address: 169.254.169.254"),
+    ("http://[::1]/cb", "callbackUrl resolves to a non-public address: ::1"),
+    ("http://[::ffff:127.0.0.1]/cb", "callbackUrl resolves to a non-public address: ::ffff:7f00:1"),
+    ("http://127.0.0.1/cb", "callbackUrl resolves to a non-public address: 127.0.0.1"),
+    ("http://0.0.0.0/cb", "callbackUrl resolves to a non-public address: 0.0.0.0"),
+    ("http://224.0.0.1/cb", "callbackUrl resolves to a non-public address: 224.0.0.1"),
+    ("http://240.0.0.1/cb", "callbackUrl resolves to a non-public address: 240.0.0.1"),
+    ("http://192.168.1.1/cb", "callbackUrl resolves to a non-public address: 192.168.1.1"),
+    ("http://[fe80::1]/cb", "callbackUrl resolves to a non-public address: fe80::1"),
+    ("http://[fc00::1]/cb", "callbackUrl resolves to a non-public address: fc00::1"),
+    ("http://localhost/cb", "callbackUrl resolves to a non-public address: 127.0.0.1"),
+    ("http://mixed.test/cb", "callbackUrl resolves to a non-public address: 10.1.2.3"),
+    ("http://nowhere.test/cb", "callbackUrl host could not be resolved: nowhere.test"),
+    ("http://" + "a" * 2000 + ".test/", "callbackUrl must be at most 2000 characters"),
+]
+
+
+@pytest.mark.parametrize("url, message", REFUSED)
+def test_guard_at_create(user, resolver, url, message):
+    resolver.answers.update(
+        {"localhost": ["127.0.0.1"], "mixed.test": ["93.184.216.34", "10.1.2.3"]}
+    )
+    with pytest.raises(CallbackURLError) as raised:
+        lifecycle.create(owner=user, agent_id="echo", input="x", callback_url=url)
+    assert str(raised.value) == message
+    assert not store.Task.objects.exists()
+
+
+def test_public_and_allowed_hosts_pass(user, resolver):
+    resolver.answers["public.test"] = ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"]
+    assert callbacks.check_address("https://public.test/cb") == [
+        "93.184.216.34",
+        "2606:2800:220:1:248:1893:25c8:1946",
+    ]
+    with override_settings(AGENTTASKS={"CALLBACK_ALLOWED_HOSTS": ["Hooks.Internal"]}):
+        resolver.answers["hooks.internal"] = ["10.0.0.7"]
+        assert callbacks.check_address("http://hooks.internal/cb") == ["10.0.0.7"]
+
+
+@pytest.mark.parametrize("url, message", [(u, m) for u, m in REFUSED if "resolves" in m])
+def test_guard_at_send(user, resolver, monkeypatch, url, message):
+    resolver.answers.update(
+        {"localhost": ["127.0.0.1"], "mixed.test": ["93.184.216.34", "10.1.2.3"]}
+    )
+    task = store.create_task(owner=user, agent="echo", input="x", callback_url=url)
+    store.claim(task.run_id)
+    store.finalize(task.id, task.run_id, "completed", result="ok")
+    task = store.get_task(task.id)
+    monkeypatch.setattr(
+        callbacks, "_post", lambda *a, **k: pytest.fail("no connection may be made")
+    )
+    callbacks.send(task.id, "completed", task.version)
+    (event,) = outcome_events(task)
+    assert event.type == "callback.failed" and event.data["error"] == message
+
+
+def test_a_dns_answer_that_changes_cannot_reach_a_refused_address(user, resolver, monkeypatch):
+    # Public at create; at send the name answers private: no connection is made.
+    resolver.answers["rebind.test"] = [["93.184.216.34"], ["10.0.0.5"]]
+    task = lifecycle.create(
+        owner=user, agent_id="echo", input="x", callback_url="http://rebind.test/cb"
+    )
+    store.claim(task.run_id)
+    store.finalize(task.id, task.run_id, "completed", result="ok")
+    monkeypatch.setattr(
+        callbacks, "_post", lambda *a, **k: pytest.fail("no connection may be made")
+    )
+    callbacks.send(task.id, "completed", store.get_task(task.id).version)
+    (event,) = outcome_events(task)
+    assert event.data["error"] == "callbackUrl resolves to a non-public address: 10.0.0.5"
+
+
+def test_the_connection_goes_to_the_checked_address(user, resolver, receiver):
+    # Resolved once at send; the request goes to that address and names the host in Host.
+    resolver.answers["cb.test"] = [["127.0.0.1"], ["10.9.9.9"]]
+    with override_settings(AGENTTASKS={"CALLBACK_ALLOWED_HOSTS": ["cb.test"]}):
+        task = store.create_task(
+            owner=user, agent="echo", input="x", callback_url=f"http://cb.test:{receiver.port}/cb"
+        )
+        store.claim(task.run_id)
+        store.finalize(task.id, task.run_id, "completed", result="ok")
+        resolver.calls.clear()
+        callbacks.send(task.id, "completed", store.get_task(task.id).version)
+    assert resolver.calls == ["cb.test"]
+    (request,) = receiver.requests
+    assert request["headers"]["Host"] == f"cb.test:{receiver.port}"
