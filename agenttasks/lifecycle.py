@@ -156,8 +156,15 @@ def _ended(task: Task) -> None:
     else:
         _after_commit(lambda: signals.task_finished.send(sender=Task, snapshot=task))
     _callback(task, task.status)
-    wakeups.schedule_delivery(task.parent_conversation_id)
-    wakeups.schedule_delivery(task.conversation_id)
+    if task.status != TaskStatus.CANCELLED and task.kind != DELEGATE:
+        wakeups.schedule_delivery(task.parent_conversation_id)  # the debt this ending wrote
+    _own_run_boundary(task)
+
+
+def _own_run_boundary(task: Task) -> None:
+    """Deliver what a task's own conversation is owed; only a task that may spawn can be owed."""
+    if app_settings.MAX_DEPTH > 1:
+        wakeups.schedule_delivery(task.conversation_id)
 
 
 # --- launching -------------------------------------------------------------------------------
@@ -612,7 +619,7 @@ def on_run_finished(conversation, outcome: RunOutcome) -> None:
         _ended(won)
     else:
         logger.debug("lifecycle.ending_lost task=%s run=%s", task.id, run_id)
-        wakeups.schedule_delivery(task.conversation_id)
+        _own_run_boundary(task)
 
 
 def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:

@@ -492,6 +492,8 @@ def record_run_end(run_id: str, outcome: RunOutcome) -> Run | bool:
             return False
         log = Log()
         log.hold(run.conversation)
+        if run.status == RunStatus.PAUSED and outcome.status != "input_required":
+            _cancel_open_actions(log, run, now)  # a paused run that ends leaves nothing open
         _record_usage(run, outcome.usage)
         if outcome.text and outcome.append_message:
             data = {"content": outcome.text}

@@ -128,7 +128,7 @@ Q_CLUSTER = {
     "max_attempts": 1,
     "poll": 0.05,
     "catch_up": False,
-    "save_limit": 0,
+    "save_limit": -1,  # keep no success rows: agenttasks records outcomes itself
     "ack_failures": True,
     "label": "Django Q",
 }
