@@ -545,35 +545,29 @@ def resolve_action(action_id: str, resolution: dict):
 # --- a run's ending --------------------------------------------------------------------------
 
 
-def on_run_finished(conversation, outcome: RunOutcome) -> None:
-    """The single entry point for a run's ending: pause, continue, or finalize its task."""
+def on_run_finished(conversation, outcome: RunOutcome, *, task: Task | None = None) -> None:
+    """The single entry point for a run's ending: pause, continue, or finalize its task.
+
+    The worker passes the task it claimed (`task`), which saves looking it up again.
+    """
     conversation_id = getattr(conversation, "pk", conversation)
-    try:
-        meta = meta_for(conversation_id)
-    except SpawnError:
-        logger.error(
-            "resolving finished run's task; terminal state NOT recorded conversation=%s",
-            conversation_id,
-        )
-        raise
-    if meta is None:
-        if outcome.run_id:
-            store.record_run_end(outcome.run_id, outcome)
-        wakeups.schedule_delivery(conversation_id)
-        return
-    task = _read(meta.task_id)
+    if task is None:
+        try:
+            meta = meta_for(conversation_id)
+        except SpawnError:
+            logger.error(
+                "resolving finished run's task; terminal state NOT recorded conversation=%s",
+                conversation_id,
+            )
+            raise
+        if meta is None:
+            if outcome.run_id:
+                store.record_run_end(outcome.run_id, outcome)
+            wakeups.schedule_delivery(conversation_id)
+            return
+        task = _read(meta.task_id)
     run_id = outcome.run_id or task.run_id
-    full = outcome.text.strip()
-    if outcome.status == "failed" and not full:
-        full = outcome.error
-    status = outcome.status
-    summary = full[: app_settings.SUMMARY_LIMIT]
-    reason = ""
-    if status == "completed" and outcome.graceful_stop:
-        status = TaskStatus.CANCELLED
-        summary = summary or "stopped after the current turn"
-        reason = "stopped after the current turn"
-    if status == "input_required":
+    if outcome.status == "input_required":
         if _pause(task, run_id, outcome) or not _stopping_after_turn(run_id):
             return
         # The store refused the pause of a run asked to stop after its turn: it ends instead,
@@ -581,22 +575,33 @@ def on_run_finished(conversation, outcome: RunOutcome) -> None:
         outcome = dataclasses.replace(
             outcome, status="completed", graceful_stop=True, actions=(), clarification=None
         )
+    if outcome.status not in TERMINAL:
+        return
+    if app_settings.hook("CONTINUE", task.kind) is None:
+        _finish(task, run_id, outcome)
+    else:
+        _finish_with_hook(_read(task.id), run_id, outcome)
+
+
+def _ending(
+    outcome: RunOutcome,
+    *,
+    graceful: bool,
+    status: str | None = None,
+    full: str | None = None,
+    state=None,
+) -> dict:
+    """The finalize arguments of an outcome (a completed run asked to stop after its turn is a
+    cancellation that keeps its reply as the result)."""
+    if full is None:
+        full = outcome.text.strip() or (outcome.error if outcome.status == "failed" else "")
+    status = status or outcome.status
+    summary = full[: app_settings.SUMMARY_LIMIT]
+    reason = ""
+    if status == TaskStatus.COMPLETED and graceful:
         status = TaskStatus.CANCELLED
         summary = summary or "stopped after the current turn"
         reason = "stopped after the current turn"
-    if status not in TERMINAL:
-        return
-    store.record_run_end(run_id, outcome)
-    final_state = None
-    if _wants_continuation(task, run_id, status, outcome):
-        if outcome.run_id is None:
-            logger.warning(NO_RUN_ID_WARNING)
-        else:
-            step = _continue(task, run_id, outcome)
-            if step is None:
-                return
-            status, full, final_state = step
-            summary = full[: app_settings.SUMMARY_LIMIT]
     task_result = None
     if status == TaskStatus.COMPLETED or (status == TaskStatus.CANCELLED and full):
         task_result = outcome.task_result or {
@@ -604,17 +609,51 @@ def on_run_finished(conversation, outcome: RunOutcome) -> None:
             "usage": outcome.usage,
             "metadata": outcome.metadata,
         }
-    won = store.finalize(
-        task.id,
-        run_id,
-        status,
-        summary=summary,
-        result=full,
-        error=outcome.error if status == outcome.status else "",
-        state=final_state,
-        task_result=task_result,
-        reason=reason,
+    return {
+        "status": status,
+        "summary": summary,
+        "result": full,
+        "error": outcome.error if status == outcome.status else "",
+        "state": state,
+        "task_result": task_result,
+        "reason": reason,
+    }
+
+
+def _finish(task: Task, run_id: str, outcome: RunOutcome) -> None:
+    """Record the ending and finalize in one transaction (a kind without a CONTINUE hook)."""
+
+    def decide(locked: Task, run: Run):
+        graceful = outcome.graceful_stop or run.stop_request == StopRequest.AFTER_TURN
+        return _ending(outcome, graceful=graceful)
+
+    _, won = store.finish_run(task.id, run_id, outcome, decide)
+    _settled(won, task, run_id)
+
+
+def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
+    """Record the ending, ask the kind's CONTINUE hook, then advance or finalize."""
+    graceful = outcome.graceful_stop or (
+        task.run_id == run_id and task.run.stop_request == StopRequest.AFTER_TURN
     )
+    if graceful and not outcome.graceful_stop:
+        outcome = dataclasses.replace(outcome, graceful_stop=True)
+    store.record_run_end(run_id, outcome)
+    ending = _ending(outcome, graceful=graceful)
+    if _wants_continuation(task, run_id, ending["status"], outcome):
+        if outcome.run_id is None:
+            logger.warning(NO_RUN_ID_WARNING)
+        else:
+            step = _continue(task, run_id, outcome)
+            if step is None:
+                return
+            status, full, final_state = step
+            ending = _ending(outcome, graceful=False, status=status, full=full, state=final_state)
+    won = store.finalize(task.id, run_id, **ending)
+    _settled(won, task, run_id)
+
+
+def _settled(won, task: Task, run_id: str) -> None:
     if won:
         _ended(won)
     else:
@@ -809,3 +848,36 @@ def record_progress(run_id: str, state) -> None:
 def _with_progress(run: Run, state) -> Run:
     run.progress = state
     return run
+
+
+# --- REST API additions (issue 5): conversations and their messages ---------------------------
+
+
+def create_conversation(*, owner, agent_id: str, title: str = "", metadata=None) -> Conversation:
+    """Create a visible conversation of an agent; its first message starts a run."""
+    registry.get(agent_id)
+    return store.create_conversation(owner=owner, agent=agent_id, title=title, metadata=metadata)
+
+
+def update_conversation(conversation_id: str, **changes) -> Conversation:
+    """Change a conversation's `title` and/or client `metadata` (see store.update_conversation)."""
+    return store.update_conversation(conversation_id, **changes)
+
+
+def post_message(
+    conversation_id: str, content: str, *, metadata: dict | None = None, files=None
+) -> tuple[Run, object]:
+    """Start a run of a conversation's agent on a user message (a conversation without a task).
+
+    Raises store.ConversationBusy while an action is pending or a run is queued, running or
+    paused. A task's conversation takes a message through `comment(..., origin="message")`.
+    """
+    run, event = store.start_conversation_run(
+        conversation_id, content, metadata=metadata, files=files
+    )
+    try:
+        _launch(run.id)
+    except Exception:
+        # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
+        logger.exception("lifecycle.launch_failed conversation=%s run=%s", conversation_id, run.id)
+    return run, event

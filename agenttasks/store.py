@@ -245,16 +245,23 @@ def _drop_debt(task: Task, now) -> None:
     )
 
 
+RESULT_FIELDS = ["run_id", "content", "partial", "files", "metadata", "usage", "created_at"]
+
+
 def _write_result(task: Task, run_id: str, result: dict, *, partial: bool = False) -> None:
-    TaskResult.objects.filter(task_id=task.id).delete()
-    TaskResult.objects.create(
+    """Write the task's one result, replacing an older one (one upsert statement)."""
+    row = TaskResult(
         task_id=task.id,
         run_id=run_id,
-        content=result.get("content", ""),
+        content=result.get("content") or "",
         partial=partial or result.get("partial", False),
         files=result.get("files") or [],
         metadata=result.get("metadata") or {},
         usage=result.get("usage"),
+        created_at=timezone.now(),
+    )
+    TaskResult.objects.bulk_create(
+        [row], update_conflicts=True, unique_fields=["task"], update_fields=RESULT_FIELDS
     )
 
 
@@ -492,32 +499,64 @@ def record_run_end(run_id: str, outcome: RunOutcome) -> Run | bool:
             return False
         log = Log()
         log.hold(run.conversation)
-        if run.status == RunStatus.PAUSED and outcome.status != "input_required":
-            _cancel_open_actions(log, run, now)  # a paused run that ends leaves nothing open
-        _record_usage(run, outcome.usage)
-        if outcome.text and outcome.append_message:
-            data = {"content": outcome.text}
-            if outcome.usage:
-                data["usage"] = run.usage
-            log.add(
-                run.conversation_id,
-                "message.assistant",
-                data,
-                run_id=run.id,
-                task_id=run.task_id or "",
-            )
-        run.output, run.graceful_stop, run.ended_at = outcome.text, outcome.graceful_stop, now
-        if outcome.status == "input_required" and run.task_id is None:
-            # A conversation run pauses the way mark_input_required pauses a task's run.
-            run.status, run.ended_at = RunStatus.PAUSED, None
-            _create_actions(log, run, outcome.actions, now)
-        else:
-            run.status = outcome.status if outcome.status in RUN_ENDED else RunStatus.COMPLETED
-            run.error = outcome.error if run.status == RunStatus.FAILED else ""
-            _run_finished(log, run)
-        run.save()
+        _record_end(log, run, outcome, now)
         log.flush()
         return run
+
+
+def _record_end(log: Log, run: Run, outcome: RunOutcome, now) -> None:
+    """Write a locked run's ending: its status, output and usage, and its events."""
+    if run.status == RunStatus.PAUSED and outcome.status != "input_required":
+        _cancel_open_actions(log, run, now)  # a paused run that ends leaves nothing open
+    _record_usage(run, outcome.usage)
+    if outcome.text and outcome.append_message:
+        data = {"content": outcome.text}
+        if outcome.usage:
+            data["usage"] = run.usage
+        log.add(
+            run.conversation_id, "message.assistant", data, run_id=run.id, task_id=run.task_id or ""
+        )
+    run.output, run.graceful_stop, run.ended_at = outcome.text, outcome.graceful_stop, now
+    if outcome.status == "input_required" and run.task_id is None:
+        # A conversation run pauses the way mark_input_required pauses a task's run.
+        run.status, run.ended_at = RunStatus.PAUSED, None
+        _create_actions(log, run, outcome.actions, now)
+    elif run.stop_request == StopRequest.NOW:
+        # Told to stop now: whatever it reports afterwards is a late ending, discarded.
+        run.status, run.error = RunStatus.CANCELLED, ""
+        _run_finished(log, run)
+    else:
+        run.status = outcome.status if outcome.status in RUN_ENDED else RunStatus.COMPLETED
+        run.error = outcome.error if run.status == RunStatus.FAILED else ""
+        _run_finished(log, run)
+    run.save()
+
+
+def finish_run(
+    task_id: str, run_id: str, outcome: RunOutcome, decide
+) -> tuple[Run | bool, Task | bool]:
+    """Record a task run's ending and finalize the task in one transaction.
+
+    `decide(task, run)` sees the locked rows with the ending recorded and returns the keyword
+    arguments of the finalize (status, summary, result, error, state, task_result, reason), or
+    None to leave the task as it is. Returns (the run if its ending was recorded, else False;
+    the task as written if the finalize won, else False).
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        task = _lock_task(task_id)
+        if task.run_id != run_id:
+            return record_run_end(run_id, outcome), False  # a run its task has left
+        log = Log()
+        _hold_task(log, task)
+        run = task.run
+        recorded = run.status in (RunStatus.RUNNING, RunStatus.PAUSED)
+        if recorded:
+            _record_end(log, run, outcome, now)
+        ending = decide(task, run)
+        won = _finalize_locked(log, task, run_id, now=now, **ending) if ending else False
+        log.flush()
+        return (run if recorded else False), won
 
 
 def _record_usage(run: Run, usage: dict | None) -> None:
@@ -712,45 +751,72 @@ def finalize(
     now = timezone.now()
     with transaction.atomic():
         task = _lock_task(task_id)
-        if task.status not in LIVE or task.run_id != run_id:
-            return False
         log = Log()
-        _hold_task(log, task)
-        run = task.run
-        if run.status in (RunStatus.QUEUED, RunStatus.PAUSED):
-            if run.status == RunStatus.PAUSED:
-                _cancel_open_actions(log, run, now)
-            _end_run(
-                run, status, now, error=(error or result) if status == TaskStatus.FAILED else ""
-            )
-            _run_finished(log, run)
-        elif run.status == RunStatus.RUNNING and run.stop_request != StopRequest.NOW:
-            # Ended from outside (a stop, the reaper, a timeout): the worker aborts.
-            run.stop_request = StopRequest.NOW
-            run.save(update_fields=["stop_request"])
-        previous = task.status
-        task.status = status
-        if summary:
-            task.summary = summary
-        if result:
-            task.result = result
-        task.error = (error or result) if status == TaskStatus.FAILED else ""
-        if state is not None:
-            task.state = state
-        task.stop_reason = reason
-        task.finished_at = now
-        _save_task(
+        won = _finalize_locked(
+            log,
             task,
-            ["status", "summary", "result", "error", "state", "stop_reason", "finished_at"],
-            now,
+            run_id,
+            status,
+            summary=summary,
+            result=result,
+            error=error,
+            state=state,
+            task_result=task_result,
+            reason=reason,
+            now=now,
         )
-        if task_result is not None:
-            _write_result(task, run_id, task_result)
-        if status != TaskStatus.CANCELLED and _owes_wakeup(task):
-            _write_debt(task, run_id, status)
-        _task_status(log, task, previous, reason)
         log.flush()
-        return task
+        return won
+
+
+def _finalize_locked(
+    log: Log,
+    task: Task,
+    run_id: str,
+    status: str,
+    *,
+    summary="",
+    result="",
+    error="",
+    state=None,
+    task_result=None,
+    reason="",
+    now,
+) -> Task | bool:
+    """Finalize a locked task on its current run (the body of `finalize`)."""
+    if task.status not in LIVE or task.run_id != run_id:
+        return False
+    _hold_task(log, task)
+    run = task.run
+    if run.status in (RunStatus.QUEUED, RunStatus.PAUSED):
+        if run.status == RunStatus.PAUSED:
+            _cancel_open_actions(log, run, now)
+        _end_run(run, status, now, error=(error or result) if status == TaskStatus.FAILED else "")
+        _run_finished(log, run)
+    elif run.status == RunStatus.RUNNING and run.stop_request != StopRequest.NOW:
+        # Ended from outside (a stop, the reaper, a timeout): the worker aborts.
+        run.stop_request = StopRequest.NOW
+        run.save(update_fields=["stop_request"])
+    previous = task.status
+    task.status = status
+    if summary:
+        task.summary = summary
+    if result:
+        task.result = result
+    task.error = (error or result) if status == TaskStatus.FAILED else ""
+    if state is not None:
+        task.state = state
+    task.stop_reason = reason
+    task.finished_at = now
+    _save_task(
+        task, ["status", "summary", "result", "error", "state", "stop_reason", "finished_at"], now
+    )
+    if task_result is not None:
+        _write_result(task, run_id, task_result)
+    if status != TaskStatus.CANCELLED and _owes_wakeup(task):
+        _write_debt(task, run_id, status)
+    _task_status(log, task, previous, reason)
+    return task
 
 
 def retry_claim(task_id: str, new_run_id: str, max_attempts: int, cap: int | None) -> Task | bool:
@@ -1296,3 +1362,125 @@ def record_progress(run_id: str, state, rendered: str) -> bool:
             )
         log.flush()
         return True
+
+
+# --- REST API additions (issue 5): principal slots, conversation runs, conversation edits -----
+
+RESERVED_METADATA = ("source", "taskId")
+_UNSET = object()
+
+
+class ConversationBusy(TaskError):
+    """A message reached a conversation with an action pending or a run in progress."""
+
+    def __init__(self, conversation_id: str, *, run_id: str = "", action_ids=()):
+        super().__init__(f"tasks: conversation {conversation_id} is busy")
+        self.run_id = run_id
+        self.action_ids = list(action_ids)
+
+
+def lock_principal(owner_id) -> None:
+    """Serialize one principal's slot-taking writes (create, re-open, retry) until commit.
+
+    PostgreSQL: a transaction-scoped advisory lock keyed by the owner, so that
+    MAX_ACTIVE_TASKS_PER_USER holds across processes without locking the host's user table.
+    SQLite: the IMMEDIATE transaction the caller is in already serializes every writer.
+    """
+    from django.db import connection
+
+    if not connection.in_atomic_block:
+        raise RuntimeError("lock_principal needs the caller's transaction")
+    if connection.vendor != "postgresql":
+        return
+    digest = hashlib.sha256(f"agenttasks:principal:{owner_id}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def active_count(owner_id) -> int:
+    """Count a principal's live tasks (delegates, which their caller drives, excluded)."""
+    return Task.objects.filter(owner_id=owner_id, status__in=LIVE).exclude(kind=DELEGATE).count()
+
+
+def start_conversation_run(
+    conversation_id: str,
+    content: str,
+    *,
+    run_id: str | None = None,
+    metadata: dict | None = None,
+    files: list | None = None,
+) -> tuple[Run, Event]:
+    """Start a run of a conversation without a task on a user message, unless it is busy.
+
+    Under the conversation's row lock: not deleting, no pending action, no queued, running or
+    paused run; then the queued run and its message.user event, in one transaction.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        log = Log()
+        conversation = lock_conversation(conversation_id, log)
+        if conversation.deleting_at is not None:
+            raise ConversationNotFound()
+        pending = list(
+            PendingAction.objects.filter(
+                conversation_id=conversation_id, status=ActionStatus.PENDING
+            ).values_list("id", flat=True)
+        )
+        if pending:
+            raise ConversationBusy(conversation_id, action_ids=pending)
+        active = (
+            Run.objects.filter(conversation_id=conversation_id, status__in=RUN_ACTIVE)
+            .order_by("-created_at", "-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if active:
+            raise ConversationBusy(conversation_id, run_id=active)
+        run = Run.objects.create(
+            id=run_id or ids.new_run_id(),
+            conversation=conversation,
+            agent=conversation.agent,
+            trigger=RunTrigger.MESSAGE,
+            input=content,
+            status=RunStatus.QUEUED,
+            queued_at=now,
+        )
+        event = user_message(
+            log, conversation_id, content, "message", run_id=run.id, files=files, metadata=metadata
+        )
+        log.flush()
+    return run, event
+
+
+def create_conversation(*, owner, agent: str, title: str = "", metadata=None) -> Conversation:
+    """Create a visible conversation (no run starts; its first message does that)."""
+    return Conversation.objects.create(
+        owner=owner, agent=agent, title=title or "", metadata=metadata or {}
+    )
+
+
+def update_conversation(conversation_id: str, *, title=_UNSET, metadata=_UNSET) -> Conversation:
+    """Change a conversation's title or client metadata under its row lock.
+
+    `title=""` removes the title. New metadata replaces the client's as a whole; the server's
+    `source` and `taskId` (a task's conversation) are kept whatever it says.
+    """
+    with transaction.atomic():
+        conversation = lock_conversation(conversation_id)
+        if conversation.deleting_at is not None:
+            raise ConversationNotFound()
+        fields = []
+        if title is not _UNSET and (title or "") != conversation.title:
+            conversation.title = title or ""
+            fields.append("title")
+        if metadata is not _UNSET:
+            current = conversation.metadata or {}
+            server = {k: current[k] for k in RESERVED_METADATA if k in current}
+            merged = {**(metadata or {}), **server}
+            if merged != current:
+                conversation.metadata = merged
+                fields.append("metadata")
+        if fields:
+            conversation.save(update_fields=[*fields, "updated_at"])
+    return conversation

@@ -4,7 +4,6 @@ A second delivery of the same run is a no-op (the claim is a compare-and-set). N
 or row lock is held while the agent works; an exception becomes a failed run, never a lost one.
 """
 
-import dataclasses
 import logging
 import os
 import socket
@@ -102,7 +101,7 @@ def execute_run(run_id: str) -> None:
     try:
         outcome = _execute(run, flag)
         try:
-            lifecycle.on_run_finished(run.conversation_id, outcome)
+            lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
         except (TaskNotFound, RunNotFound):
             logger.info("worker.tree_deleted run=%s", run_id)
     finally:
@@ -114,23 +113,11 @@ def _execute(run: Run, flag: StopFlag) -> RunOutcome:
     """Run the agent's runtime outside any transaction and turn every ending into an outcome."""
     try:
         agent = registry.get(run.agent)
-        run = Run.objects.select_related("conversation__owner", "task").get(pk=run.pk)
-        ctx = RunContext(
-            run=run, conversation=run.conversation, task=run.task, agent=agent, stop=flag
-        )
-        runtime = _runtime(agent.runtime)
-        outcome = runtime(ctx)
-        # The end of the turn: read the stop request as it is now, not as the last beat saw it.
-        stop_request = ctx.read_stop_request()
-        if stop_request == "now" and outcome.status not in ("failed", "cancelled"):
-            return RunOutcome(run.id, "cancelled")
-        if (
-            stop_request == "after_turn"
-            and outcome.status == "completed"
-            and not outcome.graceful_stop
-        ):
-            return dataclasses.replace(outcome, graceful_stop=True)
-        return outcome
+        # The claim read the run with its task and conversation; the store re-reads the stop
+        # request when it records the ending, so nothing is read again here.
+        conversation = run.task.conversation if run.task is not None else run.conversation
+        ctx = RunContext(run=run, conversation=conversation, task=run.task, agent=agent, stop=flag)
+        return _runtime(agent.runtime)(ctx)
     except RunStopped:
         return RunOutcome(run.id, "cancelled")
     except registry.UnknownAgent as exc:

@@ -21,6 +21,5 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
         "NAME": os.path.join(tempfile.gettempdir(), f"agenttasks-test-{_TEST_SUFFIX}.sqlite3")
     }
 else:
-    DATABASES["default"]["TEST"] = {
-        "NAME": f"{DATABASES['default']['TEST']['NAME']}_{_TEST_SUFFIX}"
-    }  # noqa: F405
+    _TEST_NAME = DATABASES["default"]["TEST"]["NAME"]  # noqa: F405
+    DATABASES["default"]["TEST"] = {"NAME": f"{_TEST_NAME}_{_TEST_SUFFIX}"}  # noqa: F405

@@ -197,7 +197,8 @@ def test_kill_minus_nine_recovers(start_cluster, user, tmp_path, receiver):
     }
     cluster = start_cluster(**settings)
     gate = tmp_path / "gate"
-    rest_task = create(user, "gate", callback_url=receiver.url, metadata={"gate": str(gate)})
+    with override_settings(AGENTTASKS={"CALLBACK_ALLOWED_HOSTS": ["127.0.0.1"]}):
+        rest_task = create(user, "gate", callback_url=receiver.url, metadata={"gate": str(gate)})
     parent = ConversationFactory(owner=user, agent="echo")
     spawned = store.create_task(
         parent_conversation=parent,

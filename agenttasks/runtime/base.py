@@ -233,10 +233,9 @@ class RunContext:
 
     @property
     def latest_user_message(self) -> str:
-        """The newest user message (or wake-up notification) of the conversation."""
-        for message in reversed(self.messages):
-            if message["role"] in ("user", "notification"):
-                return message["content"]
+        """The newest user message (or wake-up notification): what started this run."""
+        # Every run starts from the message that made it (input, comment, message, retry prompt,
+        # continuation, notification), and a resumed run keeps its input.
         return self.input
 
     @property
