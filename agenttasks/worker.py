@@ -8,8 +8,9 @@ import logging
 import os
 import socket
 import threading
+import time
 
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
 from . import lifecycle, store
@@ -22,6 +23,8 @@ from .runtime.base import RunContext, RunStopped, StopFlag
 from .types import RunOutcome
 
 logger = logging.getLogger(__name__)
+
+RECONNECT_WINDOW = 60.0
 
 
 def worker_identity() -> str:
@@ -82,12 +85,32 @@ class Heartbeat(threading.Thread):
         self.join(5)
 
 
+def reconnecting(write, *, window: float = RECONNECT_WINDOW):
+    """Call `write`, retrying while the database is unreachable (a restart) for up to `window` s.
+
+    Each store operation is one transaction, so a retry repeats a whole compare-and-set: one that
+    committed before the connection broke simply loses the second time.
+    """
+    deadline = time.monotonic() + window
+    delay = 0.2
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if connection.in_atomic_block or time.monotonic() > deadline:
+                raise
+            logger.warning("worker.database_unavailable retry_in=%.1fs", delay, exc_info=True)
+            connection.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 3.0)
+
+
 def execute_run(run_id: str) -> None:
     """Claim a queued run and execute it (the django-q2 job enqueued by queue.py)."""
     close_old_connections()
     worker = worker_identity()
     try:
-        run = store.claim(run_id, worker)
+        run = reconnecting(lambda: store.claim(run_id, worker))
     except RunNotFound:
         logger.info("worker.run_gone run=%s", run_id)
         return
@@ -101,7 +124,9 @@ def execute_run(run_id: str) -> None:
     try:
         outcome = _execute(run, flag)
         try:
-            lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
+            reconnecting(
+                lambda: lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
+            )
         except (TaskNotFound, RunNotFound):
             logger.info("worker.tree_deleted run=%s", run_id)
     finally:

@@ -81,3 +81,16 @@ class Cluster:
 
     def log(self) -> str:
         return "\n".join(self.lines)
+
+    def worker_pids(self) -> list[int]:
+        """The live worker processes (django-q2 logs each one it starts, reincarnations too)."""
+        pids = []
+        for line in list(self.lines):
+            if "ready for work at" in line:
+                pid = int(line.rsplit(" ", 1)[1])
+                try:
+                    os.kill(pid, 0)
+                except OSError:
+                    continue
+                pids.append(pid)
+        return pids

@@ -1,0 +1,143 @@
+"""Chaos: SIGKILL random workers under load; nothing is lost, nothing happens twice."""
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.test.utils import override_settings
+
+from agenttasks import lifecycle, store
+from agenttasks.exceptions import TaskError
+from agenttasks.models import Event, Run, Task, Wakeup
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.chaos]
+
+ORPHAN = store.ORPHAN_TEXT
+SETTINGS = {
+    "LEASE_TIMEOUT": 4,
+    "HEARTBEAT_INTERVAL": 1,
+    "REAP_INTERVAL": 1,
+    "REQUEUE_AFTER": 5,
+    "MAX_DEPTH": 2,
+    "MAX_ATTEMPTS": 20,
+    "CALLBACK_ALLOWED_HOSTS": ["127.0.0.1"],
+}
+
+
+def mixed_load(user, receiver, rng, n):
+    """Create n tasks: echo (some with callbacks), slow 1-3 s, flaky, and spawning parents."""
+    kinds = ["echo"] * 70 + ["slow"] * 8 + ["flaky"] * 10 + ["lead"] * 12
+    ids = []
+    for i in range(n):
+        agent = rng.choice(kinds)
+        metadata = {"seconds": rng.choice([1, 2, 3])} if agent == "slow" else None
+        callback = receiver.url if agent == "echo" and i % 7 == 0 else None
+        task = lifecycle.create(
+            owner=user, agent_id=agent, input=f"job {i}", metadata=metadata, callback_url=callback
+        )
+        ids.append(task.id)
+    return ids
+
+
+def retry_failed(top_ids):
+    """Retry every failed top-level task (flaky's first attempt, runs a kill failed)."""
+    retried = 0
+    for task in Task.objects.filter(pk__in=top_ids, status="failed"):
+        try:
+            lifecycle.retry(task.id)
+            retried += 1
+        except TaskError:
+            pass
+    return retried
+
+
+@override_settings(AGENTTASKS=SETTINGS)
+def test_worker_kills_under_load(start_cluster, user, receiver):
+    rng = random.Random(20261129)
+    cluster = start_cluster(workers=4, **SETTINGS)
+    top_ids = mixed_load(user, receiver, rng, 1000)
+    kills = retries = 0
+    deadline = time.monotonic() + 420
+    next_kill = time.monotonic() + 2
+    while True:
+        now = time.monotonic()
+        assert now < deadline, "the load did not settle in time"
+        if now >= next_kill and kills < 12:
+            pids = cluster.worker_pids()
+            if pids:
+                os.kill(rng.choice(pids), signal.SIGKILL)  # django-q2 reincarnates the worker
+                kills += 1
+            next_kill = now + rng.uniform(2, 4)
+        retries += retry_failed(top_ids)
+        live = Task.objects.exclude(status__in=("completed", "failed", "cancelled")).count()
+        failed_top = Task.objects.filter(pk__in=top_ids, status="failed").count()
+        owed = Wakeup.objects.filter(state="pending").count()
+        if live == 0 and failed_top == 0 and owed == 0 and kills >= 3:
+            break
+        time.sleep(0.5)
+
+    tasks = list(Task.objects.all())
+    children = [t for t in tasks if t.parent_conversation_id]
+    assert all(t.status == "completed" for t in tasks if t.id in set(top_ids))
+    assert all(t.status in ("completed", "failed", "cancelled") for t in tasks)
+
+    # Runs a kill interrupted were failed by the reaper with the recovery message.
+    orphaned = Run.objects.filter(error=ORPHAN)
+    assert all(r.status == "failed" for r in orphaned)
+
+    # No task has two final status events for one run (mirrors in a parent's log aside).
+    own = {t.id: t.conversation_id for t in tasks}
+    finals = [
+        (e.task_id, e.data["runId"], e.data["to"])
+        for e in Event.objects.filter(
+            type="task.status", data__to__in=["completed", "failed", "cancelled"]
+        )
+        if own.get(e.task_id) == e.conversation_id
+    ]
+    endings = Counter((task_id, run_id) for task_id, run_id, _ in finals)
+    duplicates = sum(1 for count in endings.values() if count > 1)
+    assert duplicates == 0
+
+    # Every parent got each child's completed or failed ending exactly once.
+    lost = twice = 0
+    for child in children:
+        settled = Wakeup.objects.filter(task=child, state__in=["delivered", "consumed"]).count()
+        owed = Wakeup.objects.filter(task=child, state="pending").count()
+        lines = sum(
+            note.data["content"].count(f"({child.id})")
+            for note in Event.objects.filter(
+                conversation_id=child.parent_conversation_id, type="task.notification"
+            )
+        )
+        lost += owed
+        twice += max(0, lines - settled)
+        assert lines == settled, (child.id, lines, settled)
+    assert lost == 0 and twice == 0
+
+    # Every callback was sent at most once per ending.
+    sent = Counter((b["taskId"], b["status"]) for b in receiver.bodies())
+    per_status = Counter((task_id, to) for task_id, _, to in finals)
+    over = {key: count for key, count in sent.items() if count > per_status[key]}
+    assert not over, over
+
+    print(
+        json.dumps(
+            {
+                "tasks": len(tasks),
+                "top_level": len(top_ids),
+                "children": len(children),
+                "kills": kills,
+                "restarts": kills,
+                "retries": retries,
+                "orphaned_runs": orphaned.count(),
+                "endings": sum(endings.values()),
+                "callbacks": sum(sent.values()),
+                "duplicates_found": duplicates,
+                "lost": lost,
+            }
+        )
+    )
