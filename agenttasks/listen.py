@@ -38,19 +38,26 @@ class Hub:
     @contextmanager
     def subscribe(self, key: str, event: threading.Event | None = None):
         """Yield an Event (a new one, or the given one) set whenever `key` is published."""
-        self._ensure_listening()
         event = event or threading.Event()
-        with self._lock:
-            self._waiters[key].add(event)
+        self.add(key, event)
         try:
             yield event
         finally:
-            with self._lock:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(event)
-                    if not waiters:
-                        del self._waiters[key]
+            self.discard(key, event)
+
+    def add(self, key: str, event: threading.Event) -> None:
+        """Set `event` whenever `key` is published, until discarded."""
+        self._ensure_listening()
+        with self._lock:
+            self._waiters[key].add(event)
+
+    def discard(self, key: str, event: threading.Event) -> None:
+        with self._lock:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[key]
 
     def publish(self, key: str) -> None:
         if not self.enabled:

@@ -32,43 +32,26 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
-class Heartbeat(threading.Thread):
-    """Refresh the run's heartbeat and read its stop request until stopped.
+class Heartbeat:
+    """The heartbeat of one run: refresh `heartbeat_at` and read the stop request.
 
-    It wakes every HEARTBEAT_INTERVAL, and at once when the run's task settles (a stop finalizes
-    the task, which this process hears in-process or through PostgreSQL notifications).
+    `start()` hands it to this process's heartbeat thread, which beats every run it holds every
+    HEARTBEAT_INTERVAL, and at once when one of their tasks settles (a stop finalizes the task,
+    which this process hears in-process or through PostgreSQL notifications). One thread per
+    process, not one per run: starting and joining a thread per run cost more than the run.
     """
 
     def __init__(self, run: Run, worker: str, flag: StopFlag):
-        super().__init__(name=f"heartbeat-{run.id}", daemon=True)
         self.run_id = run.id
         self.task_id = run.task_id
         self.worker = worker
         self.flag = flag
-        self._done = threading.Event()
-        self._wake = threading.Event()
 
-    def run(self) -> None:
-        try:
-            if self.task_id:
-                with hub.subscribe(task_key(self.task_id), self._wake):
-                    self._loop()
-            else:
-                self._loop()
-        finally:
-            connection.close()
+    def start(self) -> None:
+        _beater().track(self)
 
-    def _loop(self) -> None:
-        interval = app_settings.HEARTBEAT_INTERVAL
-        while not self._done.is_set():
-            self._wake.wait(interval)
-            self._wake.clear()
-            if self._done.is_set():
-                return
-            try:
-                self.beat()
-            except Exception:
-                logger.warning("heartbeat.failed run=%s", self.run_id, exc_info=True)
+    def stop(self) -> None:
+        _beater().untrack(self)
 
     def beat(self) -> None:
         # Refreshed until on_run_finished returns (also after the ending is recorded), so the
@@ -79,10 +62,58 @@ class Heartbeat(threading.Thread):
         # A run that is gone, or no longer this worker's, reads as an immediate stop.
         self.flag.set("now" if current is None else current)
 
-    def stop(self) -> None:
-        self._done.set()
-        self._wake.set()
-        self.join(5)
+
+class _Beater(threading.Thread):
+    """This process's heartbeat thread."""
+
+    def __init__(self):
+        super().__init__(name="agenttasks-heartbeat", daemon=True)
+        self.pid = os.getpid()
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._beats: dict[int, Heartbeat] = {}
+
+    def track(self, heartbeat: Heartbeat) -> None:
+        with self._lock:
+            self._beats[id(heartbeat)] = heartbeat
+        if heartbeat.task_id:
+            hub.add(task_key(heartbeat.task_id), self.wake)
+
+    def untrack(self, heartbeat: Heartbeat) -> None:
+        with self._lock:
+            self._beats.pop(id(heartbeat), None)
+        if heartbeat.task_id:
+            hub.discard(task_key(heartbeat.task_id), self.wake)
+
+    def run(self) -> None:
+        while True:
+            self.wake.wait(app_settings.HEARTBEAT_INTERVAL)
+            self.wake.clear()
+            with self._lock:
+                beats = list(self._beats.values())
+            for heartbeat in beats:
+                try:
+                    heartbeat.beat()
+                except Exception:
+                    logger.warning("heartbeat.failed run=%s", heartbeat.run_id, exc_info=True)
+                    connection.close()
+            if not beats:
+                close_old_connections()
+
+
+_beater_instance: _Beater | None = None
+_beater_lock = threading.Lock()
+
+
+def _beater() -> _Beater:
+    """Return this process's heartbeat thread, starting it (again after a fork) when needed."""
+    global _beater_instance
+    with _beater_lock:
+        current = _beater_instance
+        if current is None or current.pid != os.getpid() or not current.is_alive():
+            current = _beater_instance = _Beater()
+            current.start()
+        return current
 
 
 def reconnecting(write, *, window: float = RECONNECT_WINDOW):
