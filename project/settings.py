@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",  # only for `manage.py spectacular` (make test validates the API schema)
     "django_q",
     "agenttasks",
     "project",
@@ -121,6 +122,8 @@ Q_CLUSTER = {
     "name": "agenttasks",
     "orm": "default",
     "workers": int(os.environ.get("Q_WORKERS", "2")),
+    # django-q2 replaces a worker after this many jobs (the memory benchmark raises it).
+    "recycle": int(os.environ.get("Q_RECYCLE", "500")),
     # A job may run as long as its inline delegation tree; django-q2 re-delivers it only after
     # `retry`, which must exceed `timeout` (the claim makes a second delivery harmless anyway).
     "timeout": 600,
