@@ -3,6 +3,7 @@
 import json
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -12,7 +13,7 @@ from django.test.utils import override_settings
 
 from agenttasks import lifecycle
 from agenttasks.exceptions import TaskError
-from agenttasks.models import Run, Task
+from agenttasks.models import Event, Run, Task
 
 from ..conftest import wait_for
 
@@ -92,8 +93,18 @@ def test_database_restart(start_cluster, user, live_server):
         message="the web server to answer",
     )
     assert answer.status_code == 200
-    dead_lease = Task.objects.exclude(status__in=("completed", "failed", "cancelled")).count()
-    assert dead_lease == 0
+    not_terminal = Task.objects.exclude(status__in=("completed", "failed", "cancelled")).count()
+    lost = Task.objects.filter(pk__in=ids).exclude(status="completed").count()
+    own = dict(Task.objects.filter(pk__in=ids).values_list("id", "conversation_id"))
+    finals = Counter(
+        (e.task_id, e.data["runId"])
+        for e in Event.objects.filter(
+            task_id__in=ids, type="task.status", data__to__in=["completed", "failed"]
+        )
+        if own[e.task_id] == e.conversation_id
+    )
+    duplicates = sum(1 for n in finals.values() if n > 1)
+    assert (not_terminal, lost, duplicates) == (0, 0, 0)
     broken = Run.objects.filter(task_id__in=ids, status="failed").count()
     print(
         json.dumps(
@@ -102,8 +113,8 @@ def test_database_restart(start_cluster, user, live_server):
                 "restarts": 1,
                 "recovered_after_s": round(recovered, 1),
                 "runs_failed_by_the_restart": broken,
-                "lost": 0,
-                "duplicates_found": 0,
+                "lost": lost,
+                "duplicates_found": duplicates,
             }
         )
     )
