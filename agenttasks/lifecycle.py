@@ -91,8 +91,8 @@ def progress_line(task: Task, run: Run | None = None) -> str:
     try:
         hook = (
             app_settings.hook("DESCRIBE_STATE", task.kind)
-            if task.kind or _has_plain_hook()
-            else None
+            if task.kind
+            else _plain_describe_hook()  # app_settings.hook() reads no hook for kind ""
         )
         if hook is None:
             return ""
@@ -158,6 +158,9 @@ def _ended(task: Task) -> None:
     _callback(task, task.status)
     if task.status != TaskStatus.CANCELLED and task.kind != DELEGATE:
         wakeups.schedule_delivery(task.parent_conversation_id)  # the debt this ending wrote
+    if task.kind == DELEGATE:
+        # A caller paused on this child may now resume (delegation.md §4.9).
+        _after_commit(lambda: resume_if_settled(task.parent_conversation_id))
     _own_run_boundary(task)
 
 
@@ -295,7 +298,7 @@ def spawn(
     try:
         _launch(task.run_id)
     except Exception as exc:
-        store.discard_spawn(task.id)
+        store.discard_spawn(task.id, f"could not start: {exc}")
         raise LaunchFailed.spawn(exc) from exc
     task = _read(task.id)
     _updated(task)
@@ -511,6 +514,10 @@ def comment(
                 run_id=task.run_id, status=ActionStatus.PENDING
             ).values_list("id", flat=True)
         )
+        if task.status == TaskStatus.WAITING_FOR_INPUT and task.run.status == RunStatus.PAUSED:
+            # Paused on its own action or on one its delegate children escalated to it.
+            escalated = store.pending_actions_below(task.conversation_id).values_list("id", flat=True)
+            actions = list(dict.fromkeys([*actions, *escalated]))
         if task.status == TaskStatus.WAITING_FOR_INPUT and actions:
             raise ActionPending(actions, info=info(task))
         raise TaskBusy(task.status, info=info(task))
@@ -563,6 +570,8 @@ def on_run_finished(conversation, outcome: RunOutcome, *, task: Task | None = No
         if meta is None:
             if outcome.run_id:
                 store.record_run_end(outcome.run_id, outcome)
+                if outcome.status == "input_required":
+                    resume_if_settled(conversation_id)  # its escalated children may have settled
             wakeups.schedule_delivery(conversation_id)
             return
         task = _read(meta.task_id)
@@ -669,6 +678,8 @@ def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
         actions=outcome.actions,
         clarification=outcome.clarification if not outcome.actions else None,
         task_result=partial,
+        # No action and no clarification: the run waits on its delegate children's escalations.
+        escalated=not outcome.actions and outcome.clarification is None,
     )
     if not won:
         logger.info("lifecycle.pause_lost task=%s run=%s", task.id, run_id)
@@ -676,6 +687,8 @@ def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
     _wake_waiters(task.id)
     _updated(won)
     _callback(won, TaskStatus.WAITING_FOR_INPUT)
+    # A child may have settled between its escalation and this pause: check once after it.
+    _after_commit(lambda: resume_if_settled(task.conversation_id))
     return True
 
 
@@ -785,6 +798,8 @@ def recover() -> list[Task]:
         hub.publish(task_key(task.id))
         _callback(task, TaskStatus.FAILED)
         wakeups.schedule_delivery(task.parent_conversation_id)
+        if task.kind == DELEGATE:
+            resume_if_settled(task.parent_conversation_id)
     for task, outcome in store.stuck_endings():
         try:
             on_run_finished(task.conversation_id, outcome)
@@ -881,3 +896,41 @@ def post_message(
         # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
         logger.exception("lifecycle.launch_failed conversation=%s run=%s", conversation_id, run.id)
     return run, event
+
+
+def _plain_describe_hook():
+    """The DESCRIBE_STATE hook registered for plain tasks (kind ""), or None."""
+    from django.utils.module_loading import import_string
+
+    path = (app_settings.DESCRIBE_STATE or {}).get("")
+    return import_string(path) if isinstance(path, str) else path
+
+
+# --- delegation (issue 6): resuming a caller paused on its delegate children ------------------
+
+
+def resume_if_settled(conversation_id: str | None) -> None:
+    """Resume the conversation's paused run if its own actions and escalated children settled.
+
+    Checked after an escalating run pauses and after a delegate task ends (delegation.md §4.9);
+    the store's compare-and-set makes a losing or premature check do nothing.
+    """
+    if not conversation_id:
+        return
+    try:
+        won = store.resume_paused(conversation_id)
+    except (TaskError, DatabaseError):
+        logger.exception("delegation.resume_failed conversation=%s", conversation_id)
+        return
+    if not won:
+        return
+    run_id = won.run_id if isinstance(won, Task) else won.id
+    logger.info("delegation.resume_caller run=%s conversation=%s", run_id, conversation_id)
+    if isinstance(won, Task):
+        _wake_waiters(won.id)
+        _updated(won)
+    try:
+        _launch(run_id)
+    except Exception:
+        # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
+        logger.exception("lifecycle.launch_failed conversation=%s run=%s", conversation_id, run_id)

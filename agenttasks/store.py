@@ -407,12 +407,32 @@ def create_task(
     return task
 
 
-def discard_spawn(task_id: str) -> None:
-    """Delete a spawned task whose launch failed, with its runs and hidden conversation."""
+def discard_spawn(task_id: str, reason: str = "the task could not be started") -> None:
+    """Delete a spawned task whose launch failed, with its runs and hidden conversation.
+
+    The parent's log keeps the card the spawn mirrored there, so it gets a closing
+    `task.status` (to `failed`, with the reason): a UI following the parent never shows a task
+    that no longer exists as still pending.
+    """
     with transaction.atomic():
-        task = Task.objects.filter(pk=task_id).only("id", "conversation_id").first()
+        task = (
+            Task.objects.filter(pk=task_id)
+            .only("id", "conversation_id", "parent_conversation_id", "run_id", "attempt")
+            .first()
+        )
         if task is None:
             return
+        parent = Conversation.objects.select_for_update(no_key=True).filter(
+            pk=task.parent_conversation_id
+        ).first()
+        if parent is not None:
+            log = Log()
+            log.hold(parent)
+            data = {"taskId": task.id, "from": TaskStatus.PENDING, "to": TaskStatus.FAILED,
+                    "runId": task.run_id, "attempt": task.attempt_no(), "error": reason,
+                    "reason": "launch failed"}
+            log.add(parent.id, "task.status", data, run_id=task.run_id, task_id=task.id)
+            log.flush()
         Wakeup.objects.filter(task_id=task_id).delete()
         PendingAction.objects.filter(conversation_id=task.conversation_id).delete()
         Task.objects.filter(pk=task_id).delete()
@@ -607,8 +627,13 @@ def mark_input_required(
     actions: Iterable[ActionRequest] = (),
     clarification: str | None = None,
     task_result: dict | None = None,
+    escalated: bool = False,
 ) -> Task | bool:
-    """Pause a running task: on actions (run paused) or on a legacy clarification (run ends)."""
+    """Pause a running task: on actions (run paused) or on a legacy clarification (run ends).
+
+    `escalated` pauses the run with no action of its own: it waits on its delegate children's
+    escalated actions (spec/delegation.md §4.8).
+    """
     now = timezone.now()
     with transaction.atomic():
         task = _lock_task(task_id)
@@ -625,7 +650,7 @@ def mark_input_required(
         log = Log()
         _hold_task(log, task)
         actions = tuple(actions)
-        if actions:
+        if actions or escalated:
             run.status = RunStatus.PAUSED
             run.save(update_fields=["status"])
             _create_actions(log, run, actions, now)
@@ -698,7 +723,7 @@ def reclaim_working(task_id: str, run_id: str, action_id: str, resolution: dict)
         _resolve_action(log, action, resolution, now)
         still_open = PendingAction.objects.filter(
             run_id=run_id, status=ActionStatus.PENDING
-        ).exists()
+        ).exists() or escalations_open(run)
         if not still_open:
             run.status, run.queued_at = RunStatus.QUEUED, now
             run.save(update_fields=["status", "queued_at"])
@@ -1196,7 +1221,7 @@ def reclaim_conversation_run(run_id: str, action_id: str, resolution: dict) -> R
             log.flush()
             return False
         _resolve_action(log, action, resolution, now)
-        if not PendingAction.objects.filter(run_id=run_id, status=ActionStatus.PENDING).exists():
+        if not _held(run):
             run.status, run.queued_at = RunStatus.QUEUED, now
             run.save(update_fields=["status", "queued_at"])
         log.flush()
@@ -1484,3 +1509,86 @@ def update_conversation(conversation_id: str, *, title=_UNSET, metadata=_UNSET) 
         if fields:
             conversation.save(update_fields=[*fields, "updated_at"])
     return conversation
+
+
+# --- delegation (issue 6): escalations and the resume of a paused caller ----------------------
+
+
+def escalations_open(run: Run) -> bool:
+    """Whether a delegate child this run escalated (`task.escalated`) has not settled yet."""
+    children = Event.objects.filter(
+        conversation_id=run.conversation_id, type="task.escalated", run_id=run.id
+    ).values_list("task_id", flat=True)
+    return Task.objects.filter(pk__in=list(children), status__in=LIVE).exists()
+
+
+def _held(run: Run) -> bool:
+    """Whether a paused run still waits: on an action of its own or an escalated child."""
+    own = PendingAction.objects.filter(run_id=run.id, status=ActionStatus.PENDING).exists()
+    return own or escalations_open(run)
+
+
+def pending_actions_below(conversation_id: str):
+    """The pending actions of a conversation and of its delegate descendants, oldest first."""
+    tree, frontier = [conversation_id], [conversation_id]
+    while frontier:
+        frontier = list(
+            Task.objects.filter(parent_conversation_id__in=frontier, kind=DELEGATE)
+            .exclude(conversation_id__in=tree)
+            .values_list("conversation_id", flat=True)
+        )
+        tree.extend(frontier)
+    return PendingAction.objects.filter(
+        conversation_id__in=tree, status=ActionStatus.PENDING
+    ).order_by("created_at", "id")
+
+
+def resume_paused(conversation_id: str) -> Task | Run | bool:
+    """Resume a conversation's paused latest run once nothing holds it (delegation.md §4.9).
+
+    The resume predicate: no pending action of the run's own and every child it escalated
+    settled. Checked on the locked task (or run) row, so of two children ending at once the
+    later commit sees both endings. The run keeps its id, as an answered run does; the caller
+    enqueues it after commit. False when the run is not paused or is still held.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        task_id = (
+            Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True).first()
+        )
+        if task_id is not None:
+            task = _lock_task(task_id)
+            run = task.run
+            if (
+                task.status != TaskStatus.WAITING_FOR_INPUT
+                or run.status != RunStatus.PAUSED
+                or task.conversation.deleting_at is not None
+                or _held(run)
+            ):
+                return False
+            log = Log()
+            _hold_task(log, task)
+            run.status, run.queued_at = RunStatus.QUEUED, now
+            run.save(update_fields=["status", "queued_at"])
+            task.status = TaskStatus.PENDING
+            _save_task(task, ["status"], now)
+            _task_status(log, task, TaskStatus.WAITING_FOR_INPUT)
+            log.flush()
+            return task
+        run = (
+            Run.objects.select_related("conversation")
+            .select_for_update(no_key=True, of=("conversation", "self"))
+            .filter(conversation_id=conversation_id, task__isnull=True)
+            .order_by("-created_at", "-id")
+            .first()
+        )
+        if (
+            run is None
+            or run.status != RunStatus.PAUSED
+            or run.conversation.deleting_at is not None
+            or _held(run)
+        ):
+            return False
+        run.status, run.queued_at = RunStatus.QUEUED, now
+        run.save(update_fields=["status", "queued_at"])
+        return run

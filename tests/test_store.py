@@ -123,6 +123,14 @@ class TestCreateTask:
         with pytest.raises(TaskError, match=f"tasks: duplicate task id {task.id}"):
             spawn(parent, task_id=task.id)
 
+    def test_discard_spawn_closes_the_card_in_the_parent_log(self, parent):
+        task = spawn(parent)
+        store.discard_spawn(task.id, "could not start: queue down")
+        closing = parent.events.order_by("-seq").first()
+        assert (closing.type, closing.task_id) == ("task.status", task.id)
+        assert closing.data["to"] == "failed" and closing.data["error"] == "could not start: queue down"
+        assert closing.data["reason"] == "launch failed"
+
     def test_discard_spawn_removes_everything_and_is_idempotent(self, parent):
         task = spawn(parent)
         store.discard_spawn(task.id)
