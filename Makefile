@@ -30,6 +30,7 @@ lint: install
 test: install lint
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) manage.py spectacular --generator-class agenttasks.api.schema.Generator --validate --fail-on-warn --file /dev/null
 	$(MAKE) test-sqlite
 	$(MAKE) test-postgres
 
@@ -37,7 +38,7 @@ test-sqlite: install
 	$(VENV)/bin/pytest
 
 test-postgres: install
-	DATABASE_URL=$(PG_TEST_URL) $(VENV)/bin/pytest
+	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 $(VENV)/bin/pytest
 
 clean:
 	rm -rf $(VENV) db.sqlite3* db-test.sqlite3* .pytest_cache

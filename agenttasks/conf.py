@@ -94,7 +94,9 @@ class AppSettings:
         if name in self._cache:
             return self._cache[name]
         value = self._read(name)
-        if name != "MAX_CONCURRENT_PER_PARENT":  # may be a callable evaluated at every read
+        # MAX_CONCURRENT_PER_PARENT may be a callable evaluated at every read; an environment
+        # fallback is read whenever a run needs it, so a changed variable is seen.
+        if name != "MAX_CONCURRENT_PER_PARENT" and name not in ENVIRONMENT_FALLBACKS:
             self._cache[name] = value
         return value
 
@@ -120,7 +122,7 @@ class AppSettings:
 
     def hook(self, table: str, kind: str):
         """Return the callable registered for `kind` in CONTINUE or DESCRIBE_STATE, or None."""
-        path = (getattr(self, table) or {}).get(kind) if kind else None
+        path = (getattr(self, table) or {}).get(kind)  # "" is the kind of plain tasks
         return import_string(path) if isinstance(path, str) else path
 
     def reload(self) -> None:

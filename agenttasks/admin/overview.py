@@ -1,0 +1,147 @@
+"""The operator overview: what is running, what failed, stale leases, and a day of endings."""
+
+from datetime import timedelta
+
+from django.db.models import Count, F, Q
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+
+from .. import lifecycle
+from ..conf import app_settings
+from ..models import PendingAction, Run, Task
+from ..states import TERMINAL, ActionStatus, RunStatus, TaskStatus
+from .base import human_duration, lease, lease_cutoff, seconds_between
+
+LIST_LIMIT = 20
+HOURS = 24
+# The chart stacks terminal statuses bottom-up in this order.
+CHART_STATUSES = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+BAR, GAP, PLOT_HEIGHT, LEFT, TOP = 24, 4, 140, 36, 8
+
+
+def context(now=None) -> dict:
+    """Gather everything the overview page shows."""
+    now = now or timezone.now()
+    since = now - timedelta(hours=HOURS)
+    counts = dict(Task.objects.order_by().values_list("status").annotate(n=Count("id")))
+    running = list(
+        Task.objects.filter(status=TaskStatus.RUNNING)
+        .select_related("run", "owner")
+        .order_by("started_at", "id")[:LIST_LIMIT]
+    )
+    failed = Task.objects.filter(status=TaskStatus.FAILED, finished_at__gte=since)
+    runs = Run.objects.aggregate(
+        stale=Count(
+            "id",
+            filter=Q(status=RunStatus.RUNNING)
+            & (
+                Q(heartbeat_at__lt=lease_cutoff())
+                | Q(heartbeat_at__isnull=True, started_at__lt=lease_cutoff())
+            ),
+        ),
+        queued_long=Count(
+            "id",
+            filter=Q(
+                status=RunStatus.QUEUED,
+                queued_at__lt=now - timedelta(seconds=app_settings.REQUEUE_AFTER),
+            ),
+        ),
+    )
+    actions = PendingAction.objects.filter(status=ActionStatus.PENDING).aggregate(
+        open=Count("id"), overdue=Count("id", filter=Q(deadline__lt=now))
+    )
+    oldest = (
+        Run.objects.filter(status=RunStatus.RUNNING)
+        .order_by(F("heartbeat_at").asc(nulls_first=True), "started_at")
+        .first()
+    )
+    return {
+        "status_counts": [(s, TaskStatus(s).label, counts.get(s, 0)) for s in TaskStatus.values],
+        "total": sum(counts.values()),
+        "running": [
+            {
+                "task": task,
+                "progress": lifecycle.progress_line(task),
+                "lease": lease(task.run),
+                "heartbeat": human_duration(seconds_between(task.run.heartbeat_at)),
+                "running_for": human_duration(seconds_between(task.started_at)),
+            }
+            for task in running
+        ],
+        "running_count": counts.get(TaskStatus.RUNNING, 0),
+        "failed_count": failed.count(),
+        "failures": [
+            (task, human_duration(seconds_between(task.finished_at)))
+            for task in failed.order_by("-finished_at")[:LIST_LIMIT]
+        ],
+        "oldest_run": oldest,
+        "oldest_lease": lease(oldest) if oldest else "",
+        "oldest_age": human_duration(seconds_between(oldest.heartbeat_at or oldest.started_at))
+        if oldest
+        else "",
+        "stale_runs": runs["stale"],
+        "queued_long": runs["queued_long"],
+        "open_actions": actions["open"],
+        "overdue_actions": actions["overdue"],
+        "lease_timeout": app_settings.LEASE_TIMEOUT,
+        "chart": chart(now),
+    }
+
+
+def chart(now) -> dict:
+    """Lay out an SVG bar chart of tasks finished per hour, by status, over the last day."""
+    # Hours are cut in the current time zone, as TruncHour cuts them.
+    end = timezone.localtime(now).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    start = end - timedelta(hours=HOURS)
+    hours = [
+        {"start": start + timedelta(hours=i), "counts": dict.fromkeys(CHART_STATUSES, 0)}
+        for i in range(HOURS)
+    ]
+    rows = (
+        Task.objects.filter(finished_at__gte=start, status__in=TERMINAL)
+        .annotate(hour=TruncHour("finished_at"))
+        .order_by()
+        .values_list("hour", "status")
+        .annotate(n=Count("id"))
+    )
+    for hour, status, n in rows:
+        index = int((hour - start).total_seconds() // 3600)
+        if 0 <= index < HOURS:
+            hours[index]["counts"][status] += n
+    peak = max([sum(h["counts"].values()) for h in hours] + [1])
+    scale = PLOT_HEIGHT / peak
+    bars = []
+    for i, hour in enumerate(hours):
+        x = LEFT + i * (BAR + GAP)
+        y = TOP + PLOT_HEIGHT
+        segments = []
+        for status in CHART_STATUSES:
+            n = hour["counts"][status]
+            if n:
+                height = n * scale
+                y -= height
+                segments.append({"status": status, "n": n, "y": round(y, 1), "h": round(height, 1)})
+        title = ", ".join(f"{n} {s}" for s, n in hour["counts"].items() if n) or "none"
+        bars.append(
+            {
+                "x": x,
+                "start": hour["start"],
+                "segments": segments,
+                "title": f"{hour['start']:%H}:00–{hour['start'] + timedelta(hours=1):%H}:00: {title}",
+                "label": f"{hour['start']:%H}" if i % 3 == 0 else "",
+                "total": sum(hour["counts"].values()),
+            }
+        )
+    return {
+        "bars": bars,
+        "peak": peak,
+        "statuses": CHART_STATUSES,
+        "width": LEFT + HOURS * (BAR + GAP),
+        "height": TOP + PLOT_HEIGHT + 22,
+        "bar": BAR,
+        "top": TOP,
+        "base": TOP + PLOT_HEIGHT,
+        "label_y": TOP + PLOT_HEIGHT + 16,
+        "left": LEFT,
+        "finished": sum(b["total"] for b in bars),
+    }

@@ -1,0 +1,141 @@
+"""The operator admin in a real browser: Debian's Chromium, a live server and a real cluster."""
+
+from pathlib import Path
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.contrib.auth import get_user_model
+from django.db import connections
+from django.urls import reverse
+
+from agenttasks import lifecycle
+from agenttasks.models import Run, Task
+
+from .cluster import ROOT
+from .conftest import wait_for
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="/usr/bin/chromium is missing (apt-get install chromium; .ci/run installs it)",
+    ),
+]
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop open in this thread, so Django would refuse the
+    # test's own ORM calls as "async"; they never run inside that loop, so allow them.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+        # Inside Playwright's context Django's connections are separate ones (asgiref locals
+        # follow the context): close them, or they hold the test database open at teardown.
+        connections.close_all()
+
+
+def admin_path(name: str, *args) -> str:
+    return reverse(f"admin:agenttasks_{name}", args=[quote(a) for a in args])
+
+
+def status_of(task_id: str, statuses) -> Task | None:
+    task = Task.objects.get(pk=task_id)
+    return task if task.status in statuses else None
+
+
+def test_operator_cancels_and_approves_in_a_browser(live_server, start_cluster, browser, tmp_path):
+    from playwright.sync_api import expect
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    start_cluster(HEARTBEAT_INTERVAL=1)
+    operator = get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password")
+    gate = lifecycle.create(
+        owner=operator,
+        agent_id="gate",
+        input="Hold the gate until an operator stops it",
+        metadata={"gate": str(tmp_path / "never")},
+    )
+    wait_for(lambda: status_of(gate.pk, ["running"]), timeout=30, message="the gate task runs")
+
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(20_000)
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "ops-password")
+    page.click("input[type=submit]")
+    expect(page.locator("#site-name")).to_be_visible()
+
+    page.goto(live_server.url + admin_path("task_changelist"))
+    expect(page.locator("#result_list")).to_contain_text(gate.pk)
+    page.screenshot(path=ARTIFACTS / "admin-changelist.png", full_page=True)
+
+    # Cancel the running task from its page: the status and the timeline show the stop.
+    page.goto(live_server.url + admin_path("task_change", gate.pk))
+    expect(page.locator("#task-status .at-badge")).to_have_text("running")
+    page.click("#operations button:text-is('Cancel now')")
+    expect(page.locator(".messagelist")).to_contain_text("Cancel now: 1 cancelled.")
+    expect(page.locator("#task-status .at-badge")).to_have_text("cancelled")
+    stop = page.locator('#timeline li[data-type="task.status"]').last
+    expect(stop).to_contain_text("Status running → cancelled")
+    expect(stop).to_contain_text("stopped")
+    wait_for(
+        lambda: Run.objects.get(pk=gate.run_id).ended_at,
+        timeout=20,
+        message="the worker observed the stop",
+    )
+
+    # Approve a pending action from its button: the run resumes and the task completes.
+    approver = lifecycle.create(owner=operator, agent_id="approver", input="prod")
+    wait_for(
+        lambda: status_of(approver.pk, ["waiting_for_input"]),
+        timeout=30,
+        message="the approver asks",
+    )
+    page.goto(live_server.url + admin_path("task_change", approver.pk))
+    expect(page.locator("#pending-actions")).to_contain_text("Approval: deploy")
+    page.screenshot(path=ARTIFACTS / "admin-task-waiting.png", full_page=True)
+    page.click("#pending-actions button:text-is('Approve')")
+    expect(page.locator(".messagelist")).to_contain_text("Approved deploy")
+    wait_for(
+        lambda: status_of(approver.pk, ["completed"]), timeout=30, message="the task completes"
+    )
+    page.reload()
+    expect(page.locator("#task-status .at-badge")).to_have_text("completed")
+    expect(page.locator("#result")).to_contain_text("deployed to prod")
+    expect(page.locator("#timeline")).to_contain_text("Approval approved")
+    page.screenshot(path=ARTIFACTS / "admin-task-detail.png", full_page=True)
+
+    # Something running and something failed, for the overview.
+    boom = lifecycle.create(owner=operator, agent_id="boom", input="Fail on purpose")
+    busy = lifecycle.create(
+        owner=operator,
+        agent_id="gate",
+        input="Still working",
+        metadata={"gate": str(tmp_path / "never")},
+    )
+    wait_for(lambda: status_of(boom.pk, ["failed"]), timeout=30, message="boom fails")
+    wait_for(lambda: status_of(busy.pk, ["running"]), timeout=30, message="busy runs")
+    page.goto(live_server.url + admin_path("task_overview"))
+    expect(page.locator("#running")).to_contain_text(busy.pk)
+    expect(page.locator("#failures")).to_contain_text("kaboom")
+    expect(page.locator("#counts")).to_contain_text("completed")
+    expect(page.locator("#chart svg")).to_be_visible()
+    page.screenshot(path=ARTIFACTS / "admin-overview.png", full_page=True)
