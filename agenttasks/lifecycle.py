@@ -91,8 +91,8 @@ def progress_line(task: Task, run: Run | None = None) -> str:
     try:
         hook = (
             app_settings.hook("DESCRIBE_STATE", task.kind)
-            if task.kind
-            else _plain_describe_hook()  # app_settings.hook() reads no hook for kind ""
+            if task.kind or _has_plain_hook()
+            else None
         )
         if hook is None:
             return ""
@@ -896,14 +896,6 @@ def post_message(
         # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
         logger.exception("lifecycle.launch_failed conversation=%s run=%s", conversation_id, run.id)
     return run, event
-
-
-def _plain_describe_hook():
-    """The DESCRIBE_STATE hook registered for plain tasks (kind ""), or None."""
-    from django.utils.module_loading import import_string
-
-    path = (app_settings.DESCRIBE_STATE or {}).get("")
-    return import_string(path) if isinstance(path, str) else path
 
 
 # --- delegation (issue 6): resuming a caller paused on its delegate children ------------------

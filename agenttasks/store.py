@@ -1447,11 +1447,8 @@ def start_conversation_run(
         conversation = lock_conversation(conversation_id, log)
         if conversation.deleting_at is not None:
             raise ConversationNotFound()
-        pending = list(
-            PendingAction.objects.filter(
-                conversation_id=conversation_id, status=ActionStatus.PENDING
-            ).values_list("id", flat=True)
-        )
+        # Its own actions and those its delegate descendants escalated to it.
+        pending = list(pending_actions_below(conversation_id).values_list("id", flat=True))
         if pending:
             raise ConversationBusy(conversation_id, action_ids=pending)
         active = (

@@ -1,4 +1,7 @@
-"""URLs of the agenttasks REST API; include them where the API should live."""
+"""URLs of the agenttasks REST API: `path("api/agents/", include("agenttasks.urls"))`."""
+
+from .api.urls import urlpatterns
 
 app_name = "agenttasks"
-urlpatterns: list = []
+
+__all__ = ["app_name", "urlpatterns"]

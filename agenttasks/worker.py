@@ -82,8 +82,11 @@ class _Beater(threading.Thread):
     def untrack(self, heartbeat: Heartbeat) -> None:
         with self._lock:
             self._beats.pop(id(heartbeat), None)
+            idle = not self._beats
         if heartbeat.task_id:
             hub.discard(task_key(heartbeat.task_id), self.wake)
+        if idle:
+            self.wake.set()  # let the thread give its connection back now
 
     def run(self) -> None:
         while True:
@@ -98,7 +101,9 @@ class _Beater(threading.Thread):
                     logger.warning("heartbeat.failed run=%s", heartbeat.run_id, exc_info=True)
                     connection.close()
             if not beats:
-                close_old_connections()
+                # Nothing to beat: hold no database session (CONN_MAX_AGE would keep it open,
+                # and an idle process must not pin a database, e.g. a test database at drop).
+                connection.close()
 
 
 _beater_instance: _Beater | None = None
@@ -148,31 +153,58 @@ def execute_run(run_id: str) -> None:
     if not run:
         logger.debug("worker.not_claimed run=%s", run_id)
         return
+    try:
+        _drive(run, worker)
+    finally:
+        close_old_connections()
+
+
+def execute_inline(run_id: str, *, depth: int, callers: list) -> bool:
+    """Claim a delegate child's queued run and execute it in the calling thread.
+
+    The `task` tool's way to run a child: claimed, heartbeated and finished like a queued run,
+    but never enqueued, with its callers' budget windows and stop flags linked into its context.
+    Returns False when the run was not claimed (another thread or worker has it, or it moved).
+    """
+    worker = worker_identity()
+    try:
+        run = store.claim(run_id, worker)
+    except RunNotFound:
+        return False
+    if not run:
+        return False
+    _drive(run, worker, depth=depth, callers=callers)
+    return True
+
+
+def _drive(run: Run, worker: str, **context) -> None:
+    """Heartbeat a claimed run while its runtime executes, then hand over its ending."""
     flag = StopFlag()
     flag.set(run.stop_request)
     heartbeat = Heartbeat(run, worker, flag)
     heartbeat.start()
     try:
-        outcome = _execute(run, flag)
+        outcome = _execute(run, flag, **context)
         try:
             reconnecting(
                 lambda: lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
             )
         except (TaskNotFound, RunNotFound):
-            logger.info("worker.tree_deleted run=%s", run_id)
+            logger.info("worker.tree_deleted run=%s", run.id)
     finally:
         heartbeat.stop()
-        close_old_connections()
 
 
-def _execute(run: Run, flag: StopFlag) -> RunOutcome:
+def _execute(run: Run, flag: StopFlag, **context) -> RunOutcome:
     """Run the agent's runtime outside any transaction and turn every ending into an outcome."""
     try:
         agent = registry.get(run.agent)
         # The claim read the run with its task and conversation; the store re-reads the stop
         # request when it records the ending, so nothing is read again here.
         conversation = run.task.conversation if run.task is not None else run.conversation
-        ctx = RunContext(run=run, conversation=conversation, task=run.task, agent=agent, stop=flag)
+        ctx = RunContext(
+            run=run, conversation=conversation, task=run.task, agent=agent, stop=flag, **context
+        )
         return _runtime(agent.runtime)(ctx)
     except RunStopped:
         return RunOutcome(run.id, "cancelled")

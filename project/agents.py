@@ -2,6 +2,7 @@
 
 import time
 
+from agenttasks.conf import app_settings
 from agenttasks.runtime import registry
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import task_tools
@@ -115,9 +116,55 @@ DEMO_AGENTS = {
 }
 
 
+ASSISTANT_DOES = "chats through the configured model server; delegates to echo and slow"
+ASSISTANT_PROMPT = (
+    "You are the assistant of the agenttasks demo site. Answer briefly. Delegate a subtask to a "
+    "teammate with the task tool, start long work in the background with spawn_task, and use "
+    "ask_user only when you cannot continue without the person."
+)
+
+
+def assistant_unconfigured(ctx) -> Reply:
+    """Explain which settings the assistant needs (no model server is configured)."""
+    missing = [
+        f"AGENTTASKS_{name} (or AGENTTASKS[{name!r}])"
+        for name in ("MODEL_BASE_URL", "DEFAULT_MODEL")
+        if not getattr(app_settings, name)
+    ]
+    return Reply(
+        content="The assistant is not connected to a model server yet. Set "
+        + " and ".join(missing)
+        + " to any OpenAI-compatible server (a hosted API, vLLM, Ollama or llama.cpp), add "
+        "AGENTTASKS_MODEL_API_KEY if it needs a key, and restart the site and the cluster."
+    )
+
+
+def register_assistant() -> None:
+    """Register `assistant`: a chat agent when a model server is configured, else a notice."""
+    if app_settings.MODEL_BASE_URL and app_settings.DEFAULT_MODEL:
+        registry.register(
+            "assistant",
+            runtime="chat",
+            does=ASSISTANT_DOES,
+            system_prompt=ASSISTANT_PROMPT,
+            tools=[registry.ASK_USER_PATH],
+            team=["echo", "slow"],
+            replace=True,
+        )
+    else:
+        registry.register(
+            "assistant",
+            runtime="callable",
+            handler=assistant_unconfigured,
+            does=ASSISTANT_DOES + " (not configured: it says which settings it needs)",
+            replace=True,
+        )
+
+
 def register_demo_agents() -> None:
     """Register the demo agents (idempotent, so tests can reload the app)."""
     for agent_id, (handler, does, files) in DEMO_AGENTS.items():
         registry.register(
             agent_id, runtime="callable", handler=handler, does=does, files=files, replace=True
         )
+    register_assistant()

@@ -63,6 +63,13 @@ class Run(models.Model):
         verbose_name="counted in",
         help_text="The caller run whose usage absorbed this delegate run's usage.",
     )
+    counted_usage = models.JSONField(
+        "counted usage",
+        null=True,
+        blank=True,
+        help_text="What of this run's usage and tool calls its `counted in` run has absorbed "
+        "(a paused child keeps spending after its escalation was reported).",
+    )
     created_at = models.DateTimeField("created", auto_now_add=True)
 
     class Meta:

@@ -1,6 +1,8 @@
 """What agents are written against: the `tool` decorator, ToolResult and Reply."""
 
+import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,13 +157,28 @@ class RunContext:
     `request_approval()` and `ask()` are the handler's checkpoints and requests.
     """
 
-    def __init__(self, *, run, conversation, task, agent, stop: StopFlag, depth: int = 1):
+    def __init__(
+        self,
+        *,
+        run,
+        conversation,
+        task,
+        agent,
+        stop: StopFlag,
+        depth: int | None = None,
+        callers: list | None = None,
+    ):
         self.run = run
         self.conversation = conversation
         self.task = task
         self.agent = agent
         self.stop = stop
-        self.depth = depth
+        # A delegate child executed inline gets its depth and its callers' windows and stop
+        # flags from the calling thread; any other run works them out from the database.
+        self._depth = depth
+        self._callers = callers
+        self._window = None
+        self._stopped_for_caller = False
         self._asks = 0
 
     # identity -------------------------------------------------------------------------------
@@ -262,11 +279,67 @@ class RunContext:
         ]
         return {**(self.task.metadata or {}), "comments": comments}
 
+    # delegation and budgets ------------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        """The run's delegation depth: 1 unless its conversation belongs to a delegate task."""
+        if self._depth is None:
+            from .delegation import depth_of
+
+            self._depth = depth_of(self.conversation.id)
+        return self._depth
+
+    @property
+    def callers(self) -> list:
+        """The CallerLinks above this run, nearest first (empty unless it is a delegate's)."""
+        if self._callers is None:
+            from .delegation import detached_callers
+
+            self._callers = detached_callers(self)
+        return self._callers
+
+    @property
+    def window(self) -> "Window":
+        """The run's own budget window (it continues the totals of a paused run it resumes)."""
+        if self._window is None:
+            self._window = Window.for_run(self.run, self.agent)
+        return self._window
+
+    @property
+    def budget(self) -> "Budget":
+        return Budget(self.window, [link.window for link in self.callers])
+
+    def stop_now(self) -> bool:
+        """Whether this run, or a caller it executes inline for, was told to stop now."""
+        if self.stop.now:
+            return True
+        if any(link.flag is not None and link.flag.now for link in self.callers):
+            self._stop_for_caller()
+            return True
+        return False
+
+    def _stop_for_caller(self) -> None:
+        # A caller's immediate stop reaches its inline children through the lifecycle, so the
+        # child's task records that it was stopped while its run was executing.
+        if self._stopped_for_caller or self.task is None:
+            return
+        self._stopped_for_caller = True
+        from .. import lifecycle
+        from ..exceptions import TaskError
+
+        try:
+            lifecycle.stop(self.task.id)
+        except TaskError:
+            pass
+
     # checkpoints and requests ---------------------------------------------------------------
     def check_cancelled(self) -> None:
-        """Raise RunStopped when an immediate stop was requested."""
-        if self.stop.now:
+        """Raise RunStopped on an immediate stop, BudgetExceeded when the wall time is gone."""
+        if self.stop_now():
             raise RunStopped()
+        message = self.budget.wall_reached()
+        if message:
+            raise BudgetExceeded(message)
 
     def progress(self, state) -> None:
         """Record a progress state (DESCRIBE_STATE renders it for tools, API and admin)."""
@@ -386,3 +459,242 @@ def normalize_questions(questions) -> list[dict]:
         q.setdefault("allowFreeText", not options)
         out.append(q)
     return out
+
+
+# --- budgets (spec/delegation.md §5) -----------------------------------------------------------
+
+BUDGET_PATTERN = re.compile(r"^The max_(turns|tokens|tool_calls|wall_seconds) budget \(")
+
+
+class BudgetExceeded(Exception):
+    """A budget cut the run short; the message is the run's error (`... budget (...) was reached`)."""
+
+
+def budget_message(limit: str, value, caller: str | None = None) -> str:
+    """The §5.5 sentence for a limit of this window (caller None) or of a calling agent's."""
+    head = f"The {limit} budget ({format(value, 'g')})"
+    return (
+        f'{head} of the calling agent "{caller}" was reached' if caller else f"{head} was reached"
+    )
+
+
+class Window:
+    """One budget window: what a run and, live, the inline children below it spent.
+
+    The window of a run that resumes after a pause is the same run row, so it continues the
+    totals recorded at the pause. Counters are guarded by a lock: parallel children add to
+    their callers' windows from their own threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        agent_id: str,
+        limits: dict,
+        turns: int = 0,
+        tool_calls: int = 0,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        total_tokens: int = 0,
+        seconds: float = 0.0,
+    ):
+        self.run_id = run_id
+        self.agent_id = agent_id
+        self.limits = limits
+        self.turns = turns
+        self.tool_calls = tool_calls
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.total_tokens = total_tokens
+        self.seconds = seconds
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+        # Spend added live by the runs below, by the child run directly below this window, so
+        # that absorbing that run later adds only what was not already counted.
+        self._live: dict[str, list[int]] = {}
+
+    @classmethod
+    def for_run(cls, run, agent) -> "Window":
+        from ..conf import app_settings
+
+        return cls(
+            run_id=run.id,
+            agent_id=agent.id,
+            limits={**app_settings.DEFAULT_BUDGET, **(agent.budget or {})},
+            turns=run.turns,
+            tool_calls=run.tool_calls,
+            prompt_tokens=run.prompt_tokens,
+            completion_tokens=run.completion_tokens,
+            total_tokens=run.total_tokens,
+            seconds=run.exec_seconds,
+        )
+
+    def wall(self) -> float:
+        return self.seconds + (time.monotonic() - self._started)
+
+    def usage(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+    def add(self, *, turns=0, prompt=0, completion=0, total=0, tool_calls=0, via=None) -> None:
+        """Count spend; `via` names the child run below when it comes from an inline child."""
+        with self._lock:
+            self.turns += turns
+            self._add(prompt, completion, total, tool_calls)
+            if via is not None:
+                live = self._live.setdefault(via, [0, 0, 0, 0])
+                for i, value in enumerate((prompt, completion, total, tool_calls)):
+                    live[i] += value
+
+    def absorb(self, run_id: str, prompt: int, completion: int, total: int, tool_calls: int):
+        """Add a child run's not yet counted spend, less what its inline execution added live."""
+        with self._lock:
+            live = self._live.pop(run_id, [0, 0, 0, 0])
+            spent = (prompt, completion, total, tool_calls)
+            delta = [max(value - seen, 0) for value, seen in zip(spent, live, strict=True)]
+            self._add(*delta)
+
+    def _add(self, prompt, completion, total, tool_calls) -> None:
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.total_tokens += total
+        self.tool_calls += tool_calls
+
+    def reached(self, *, turns: bool, calls: int | None = None, spent: bool = False) -> str:
+        """Name the first limit this window has reached ('' when none).
+
+        `calls` is the number of tool calls about to run (checkpoint B); `spent` asks whether
+        anything at all is left for a subtask (tool calls at or above the limit).
+        """
+        limits = self.limits
+        if turns and limits.get("max_turns") is not None and self.turns >= limits["max_turns"]:
+            return "max_turns"
+        if limits.get("max_tokens") is not None and self.total_tokens >= limits["max_tokens"]:
+            return "max_tokens"
+        max_calls = limits.get("max_tool_calls")
+        if max_calls is not None:
+            if calls is not None and self.tool_calls + calls > max_calls:
+                return "max_tool_calls"
+            if spent and self.tool_calls >= max_calls:
+                return "max_tool_calls"
+        wall = limits.get("max_wall_seconds")
+        if wall is not None and self.wall() >= wall:
+            return "max_wall_seconds"
+        return ""
+
+    def wall_left(self) -> float | None:
+        wall = self.limits.get("max_wall_seconds")
+        return None if wall is None else wall - self.wall()
+
+
+class Budget:
+    """A run's own window and its callers' windows above it (nearest first)."""
+
+    def __init__(self, own: Window, callers: list[Window] = ()):
+        self.own = own
+        self.callers = list(callers)
+
+    def spend(self, *, turns=0, prompt=0, completion=0, total=0, tool_calls=0) -> None:
+        """Count spend in the own window and, at once, in every caller window above it."""
+        self.own.add(
+            turns=turns, prompt=prompt, completion=completion, total=total, tool_calls=tool_calls
+        )
+        below = self.own
+        for window in self.callers:
+            window.add(
+                prompt=prompt,
+                completion=completion,
+                total=total,
+                tool_calls=tool_calls,
+                via=below.run_id,
+            )
+            below = window
+
+    def _first(self, **check) -> str:
+        limit = self.own.reached(turns=check.pop("turns"), **check)
+        if limit:
+            return budget_message(limit, self.own.limits[limit])
+        for window in self.callers:  # turns are never shared
+            limit = window.reached(turns=False, **check)
+            if limit:
+                return budget_message(limit, window.limits[limit], window.agent_id)
+        return ""
+
+    def before_call(self) -> str:
+        """Checkpoint A: the message of the first budget that forbids another model call."""
+        return self._first(turns=True)
+
+    def before_tools(self, calls: int) -> str:
+        """Checkpoint B: the message of the first budget that forbids running `calls` tools."""
+        return self._first(turns=True, calls=calls)
+
+    def exhausted(self) -> str:
+        """Whether a subtask may still start: no tokens, tool calls or wall time left."""
+        return self._first(turns=False, spent=True)
+
+    def wall_reached(self) -> str:
+        for window, caller in [(self.own, None)] + [(w, w.agent_id) for w in self.callers]:
+            left = window.wall_left()
+            if left is not None and left <= 0:
+                return budget_message("max_wall_seconds", window.limits["max_wall_seconds"], caller)
+        return ""
+
+    def wall_deadline(self) -> tuple[float | None, str]:
+        """The seconds left before the nearest wall budget runs out, and its message."""
+        best, message = None, ""
+        for window, caller in [(self.own, None)] + [(w, w.agent_id) for w in self.callers]:
+            left = window.wall_left()
+            if left is not None and (best is None or left < best):
+                best = left
+                message = budget_message(
+                    "max_wall_seconds", window.limits["max_wall_seconds"], caller
+                )
+        return best, message
+
+
+@dataclass
+class CallerLink:
+    """A caller above an inline child: its budget window and its stop flag (None when paused)."""
+
+    window: Window
+    flag: StopFlag | None = None
+
+
+class ToolContext:
+    """What a tool function `fn(ctx, args)` sees of the run that calls it."""
+
+    def __init__(self, run_ctx: RunContext, tool_call_id: str):
+        self._run = run_ctx
+        self.tool_call_id = tool_call_id
+
+    @property
+    def run_id(self) -> str:
+        return self._run.run_id
+
+    @property
+    def conversation_id(self) -> str:
+        return self._run.conversation_id
+
+    @property
+    def task_id(self) -> str | None:
+        return self._run.task_id
+
+    @property
+    def agent_id(self) -> str:
+        return self._run.agent_id
+
+    @property
+    def user(self):
+        return self._run.user
+
+    def check_cancelled(self) -> None:
+        """Raise the runtime's stop exception on an immediate stop or when wall time is gone."""
+        self._run.check_cancelled()
+
+    def progress(self, state) -> None:
+        """Record a progress state for the run."""
+        self._run.progress(state)

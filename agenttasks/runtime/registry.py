@@ -91,7 +91,7 @@ def _load_tool(agent_id: str, entry) -> ToolSpec:
     if not ID_RE.match(spec.name):
         raise _fail(agent_id, f"tools: invalid tool name {spec.name!r}")
     if spec.name in RESERVED_TOOL_NAMES:
-        raise _fail(agent_id, f"tools: {spec.name!r} is a reserved tool name")
+        raise _fail(agent_id, f'tools: "{spec.name}" is a reserved tool name')
     if spec.name == "ask_user" and entry["path"] != ASK_USER_PATH:
         raise _fail(agent_id, "tools: 'ask_user' may only be the shipped question tool")
     return spec
@@ -163,8 +163,9 @@ def build(agent_id: str, **fields) -> AgentDef:
             raise _fail(agent_id, "handler: not callable")
     tools = tuple(_load_tool(agent_id, entry) for entry in fields.get("tools") or ())
     names = [t.name for t in tools]
-    if len(set(names)) != len(names):
-        raise _fail(agent_id, f"tools: duplicate tool names in {names}")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise _fail(agent_id, f'tools: duplicate tool name "{duplicates[0]}"')
     team: list[str] = []
     for member in fields.get("team") or ():
         if not isinstance(member, str) or not ID_RE.match(member):

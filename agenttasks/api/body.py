@@ -1,0 +1,81 @@
+"""Request bodies (spec/rest.md §1.3): JSON objects only, size decided before parsing.
+
+The app reads the body itself instead of through DRF's parsers so that the size limit is its own
+(MAX_REQUEST_BYTES, not DATA_UPLOAD_MAX_MEMORY_SIZE), a body without a content type is read as
+JSON, and JSON the database cannot store (NaN, Infinity) is malformed here rather than a 500 later.
+"""
+
+import json
+
+from ..conf import app_settings
+from . import errors
+
+CHUNK = 1 << 16
+
+
+def _constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _float(text):
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("number out of range")
+    return value
+
+
+def _declared_type(django_request) -> str:
+    return (django_request.META.get("CONTENT_TYPE") or "").strip()
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in ("", "application/json") or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _length(django_request) -> int:
+    try:
+        return max(int(django_request.META.get("CONTENT_LENGTH") or 0), 0)
+    except ValueError:
+        return 0
+
+
+def _read(django_request, limit: int) -> bytes:
+    if hasattr(django_request, "_body"):  # already read (a CSRF check parsed a form)
+        return django_request._body
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = django_request.read(min(CHUNK, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def parse(request):
+    """Return the request's JSON object, or None for an empty body; raise the §1.3 refusals."""
+    django_request = getattr(request, "_request", request)
+    limit = int(app_settings.MAX_REQUEST_BYTES)
+    length = _length(django_request)
+    if length > limit:
+        raise errors.body_too_large(limit)
+    content_type = _declared_type(django_request)
+    if length and not _is_json(content_type):
+        raise errors.ApiError(
+            415, "unsupported_media_type", f'Unsupported media type "{content_type}" in request.'
+        )
+    raw = _read(django_request, limit) if length else b""
+    if len(raw) > limit:
+        raise errors.body_too_large(limit)
+    if not raw.strip():
+        return None
+    try:
+        data = json.loads(raw, parse_constant=_constant, parse_float=_float)
+    except (ValueError, RecursionError):
+        raise errors.validation("Malformed JSON body") from None
+    if not isinstance(data, dict):
+        raise errors.validation("The request body must be a JSON object")
+    return data

@@ -1,0 +1,217 @@
+"""The events stream (spec/rest.md §4.2): Server-Sent Events over one conversation's log.
+
+A stream sends a snapshot (no `id:`), replays the events after the resume point, then sends each
+new event as it is committed. It waits on the in-process hub, which PostgreSQL NOTIFY also feeds,
+and polls every POLL seconds as well, so a write by any process on any database reaches the
+client within 250 ms. Events are read by `seq > last sent`, and every writer numbers events under
+the conversation's row lock until it commits, so a stream never skips or repeats one.
+
+The same `EventStream` is driven by a generator under WSGI (one thread per open stream) and by an
+async generator under ASGI (the database reads run in the request's own thread).
+"""
+
+import asyncio
+import json
+import logging
+import time
+
+from asgiref.sync import sync_to_async
+
+from ..conf import app_settings
+from ..listen import conversation_key, hub
+from ..models import Conversation, Event, Run, Task
+from ..states import RUN_ACTIVE, TERMINAL
+from . import errors
+from .serializers import EventSerializer, TaskSerializer, pending_actions
+
+logger = logging.getLogger("agenttasks.api")
+
+POLL = 0.2  # the polling fallback: well under the 250 ms a new event may take to arrive
+DELETED_CHECK = 1.0
+BATCH = 200
+KEEPALIVE = ": keep-alive\n\n"
+ERROR_FRAME = (
+    "event: error\ndata: "
+    + json.dumps(
+        {"error": {"code": "INTERNAL_ERROR", "message": errors.INTERNAL_MESSAGE}},
+        separators=(",", ":"),
+    )
+    + "\n\n"
+)
+
+
+def _json(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def frame(event: Event) -> str:
+    """One event as `id:`, `event:` and a one-line `data:`."""
+    return (
+        f"id: {event.seq}\nevent: {event.type}\ndata: {_json(EventSerializer.present(event))}\n\n"
+    )
+
+
+class EventStream:
+    """What one open stream has sent, and how to read what comes next."""
+
+    def __init__(self, conversation_id: str, task_id: str | None, resume: int | None, until: bool):
+        self.conversation_id = conversation_id
+        self.task_id = task_id
+        self.resume = resume
+        self.until_terminal = until
+        self.last = 0
+        self.done = False
+        self._checked = time.monotonic()
+
+    # --- reads (each runs in a thread that may use the ORM) -----------------------------------
+
+    def snapshot(self) -> str:
+        """The first message: the conversation's state now. Sets the resume point."""
+        conversation = Conversation.objects.get(pk=self.conversation_id)
+        body = {"conversationId": conversation.id, "lastSeq": conversation.last_seq}
+        if self.task_id:
+            task = (
+                Task.objects.select_related("run")
+                .prefetch_related("files")
+                .filter(pk=self.task_id)
+                .first()
+            )
+            if task is not None:
+                body["task"] = TaskSerializer.present(task)
+        actions = pending_actions(conversation.id)
+        if actions:
+            body["pendingActions"] = actions
+        active = (
+            Run.objects.filter(conversation_id=conversation.id, status__in=RUN_ACTIVE)
+            .order_by("-created_at", "-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if active:
+            body["activeRunId"] = active
+        self.last = conversation.last_seq if self.resume is None else self.resume
+        return f"event: snapshot\ndata: {_json(body)}\n\n"
+
+    def replay(self) -> str:
+        """Every event after the resume point; ends the stream if the task is already over."""
+        chunks = []
+        while not self.done:
+            text, count = self._read()
+            chunks.append(text)
+            if count < BATCH:
+                break
+        if not self.done and self.until_terminal and self._task_over():
+            self.done = True
+        return "".join(chunks)
+
+    def poll(self) -> str:
+        """The events committed since the last read ("" when none); notices a deletion."""
+        text, count = self._read()
+        if not count and time.monotonic() - self._checked >= DELETED_CHECK:
+            self._checked = time.monotonic()
+            if not Conversation.objects.filter(
+                pk=self.conversation_id, deleting_at__isnull=True
+            ).exists():
+                self.done = True
+        return text
+
+    def _read(self) -> tuple[str, int]:
+        events = list(
+            Event.objects.filter(conversation_id=self.conversation_id, seq__gt=self.last).order_by(
+                "seq"
+            )[:BATCH]
+        )
+        out = []
+        for event in events:
+            out.append(frame(event))
+            self.last = event.seq
+            if self.until_terminal and self._ends_stream(event):
+                self.done = True
+                break
+        return "".join(out), len(events)
+
+    def _ends_stream(self, event: Event) -> bool:
+        """A terminal task.status of the conversation's own task, not since superseded."""
+        return (
+            event.type == "task.status"
+            and event.task_id == self.task_id
+            and (event.data or {}).get("to") in TERMINAL
+            and not Event.objects.filter(
+                conversation_id=self.conversation_id,
+                type="task.status",
+                task_id=self.task_id,
+                seq__gt=event.seq,
+            ).exists()
+        )
+
+    def _task_over(self) -> bool:
+        return Task.objects.filter(pk=self.task_id, status__in=TERMINAL).exists()
+
+
+def _settings() -> tuple[float, float]:
+    return float(app_settings.STREAM_KEEPALIVE_SECONDS), float(app_settings.STREAM_MAX_SECONDS)
+
+
+def sync_stream(stream: EventStream):
+    """Drive a stream from a WSGI worker thread."""
+    keepalive, limit = _settings()
+    started = time.monotonic()
+    try:
+        with hub.subscribe(conversation_key(stream.conversation_id)) as woken:
+            yield stream.snapshot()
+            text = stream.replay()
+            if text:
+                yield text
+            sent = time.monotonic()
+            while not stream.done and time.monotonic() - started < limit:
+                woken.clear()
+                text = stream.poll()
+                if text:
+                    yield text
+                    sent = time.monotonic()
+                    continue
+                if stream.done:
+                    break
+                if time.monotonic() - sent >= keepalive:
+                    yield KEEPALIVE
+                    sent = time.monotonic()
+                woken.wait(POLL)
+    except GeneratorExit:
+        raise
+    except Exception:
+        logger.exception("api.stream_failed conversation=%s", stream.conversation_id)
+        yield ERROR_FRAME
+
+
+async def async_stream(stream: EventStream):
+    """Drive a stream from the event loop (ASGI); the ORM runs in the request's thread."""
+    keepalive, limit = _settings()
+    started = time.monotonic()
+    try:
+        with hub.subscribe(conversation_key(stream.conversation_id)) as woken:
+            yield await sync_to_async(stream.snapshot)()
+            text = await sync_to_async(stream.replay)()
+            if text:
+                yield text
+            sent = time.monotonic()
+            while not stream.done and time.monotonic() - started < limit:
+                woken.clear()
+                text = await sync_to_async(stream.poll)()
+                if text:
+                    yield text
+                    sent = time.monotonic()
+                    continue
+                if stream.done:
+                    break
+                if time.monotonic() - sent >= keepalive:
+                    yield KEEPALIVE
+                    sent = time.monotonic()
+                waited = 0.0
+                while waited < POLL and not woken.is_set():
+                    await asyncio.sleep(0.02)
+                    waited += 0.02
+    except (GeneratorExit, asyncio.CancelledError):
+        raise
+    except Exception:
+        logger.exception("api.stream_failed conversation=%s", stream.conversation_id)
+        yield ERROR_FRAME

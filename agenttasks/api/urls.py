@@ -1,0 +1,62 @@
+"""Routes of the REST API: canonical paths, with or without one trailing slash, never redirected.
+
+`urlpatterns` dispatch (each route also matches its path plus "/", and a catch-all answers any
+other path under the mount point in the API's own terms); `schema_patterns` are the same routes
+in their canonical form, for the OpenAPI document.
+"""
+
+import re
+
+from django.http import HttpResponse
+from django.urls import path, re_path
+from django.views.decorators.csrf import csrf_exempt
+
+from . import errors, schema, views
+
+ROUTES = [
+    ("tasks", views.TaskListView, "tasks"),
+    ("tasks/<taskId>", views.TaskView, "task"),
+    ("tasks/<taskId>/status", views.TaskStatusView, "task-status"),
+    ("tasks/<taskId>/wait", views.TaskWaitView, "task-wait"),
+    ("tasks/<taskId>/result", views.TaskResultView, "task-result"),
+    ("tasks/<taskId>/runs", views.TaskRunsView, "task-runs"),
+    ("tasks/<taskId>/comments", views.TaskCommentsView, "task-comments"),
+    ("tasks/<taskId>/cancel", views.TaskCancelView, "task-cancel"),
+    ("tasks/<taskId>/retry", views.TaskRetryView, "task-retry"),
+    ("conversations", views.ConversationListView, "conversations"),
+    ("conversations/<conversationId>", views.ConversationView, "conversation"),
+    ("conversations/<conversationId>/messages", views.MessagesView, "messages"),
+    ("conversations/<conversationId>/events", views.EventsView, "events"),
+    ("conversations/<conversationId>/events/stream", views.EventStreamView, "events-stream"),
+    ("conversations/<conversationId>/actions", views.ActionsView, "actions"),
+    ("conversations/<conversationId>/actions/<actionId>", views.ActionView, "action"),
+    ("files/<fileId>", views.FileView, "file"),
+    ("files/<fileId>/content", views.FileContentView, "file-content"),
+    ("agents", views.AgentListView, "agents"),
+    ("agents/<agentId>", views.AgentView, "agent"),
+    ("docs", schema.SwaggerView, "docs"),
+    ("docs/openapi.json", schema.OpenApiView, "openapi"),
+]
+
+
+def _regex(route: str) -> str:
+    parts = re.split(r"<(\w+)>", route)
+    # Even parts are literal text, odd parts are parameter names (any text but a slash).
+    return "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts))
+
+
+@csrf_exempt
+def route_not_found(request, *args, **kwargs) -> HttpResponse:
+    """Answer any other path under the mount point (whoever asks: it reveals nothing)."""
+    return errors.json_error(errors.route_not_found(request))
+
+
+urlpatterns = [
+    *(re_path(rf"^{_regex(r)}/?$", view.as_view(), name=name) for r, view, name in ROUTES),
+    re_path(r"^docs/assets/(?P<name>[^/]+)/?$", schema.AssetView.as_view(), name="docs-asset"),
+    re_path(r"^", route_not_found, name="route-not-found"),
+]
+
+schema_patterns = [
+    path(re.sub(r"<(\w+)>", r"<str:\1>", r), view.as_view()) for r, view, _ in ROUTES
+]
