@@ -81,8 +81,23 @@ def enqueue_run(run_id: str) -> None:
 
 
 def launch_on_commit(run_id: str) -> None:
-    """Enqueue a run once the current transaction commits (at once outside one)."""
-    transaction.on_commit(lambda: enqueue_run(run_id))
+    """Enqueue a run once the current transaction commits (at once outside one).
+
+    Outside a transaction an enqueue failure reaches the caller (a launch failure). Inside an
+    outer block the enqueue runs at that block's commit, after the run is durable: a failure
+    there is logged, and the reaper enqueues the queued run again after REQUEUE_AFTER.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        enqueue_run(run_id)
+        return
+
+    def send():
+        try:
+            enqueue_run(run_id)
+        except Exception:
+            logger.exception("queue.enqueue_failed run=%s (the reaper will requeue it)", run_id)
+
+    transaction.on_commit(send)
 
 
 def enqueue_job(func: str, *args) -> None:

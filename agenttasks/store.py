@@ -24,6 +24,7 @@ from django.utils import timezone
 from . import ids
 from .conf import app_settings
 from .exceptions import ConversationNotFound, RunNotFound, TaskError, TaskLimit, TaskNotFound
+from .listen import conversation_key, hub
 from .models import Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult, Wakeup
 from .states import (
     LIVE,
@@ -81,6 +82,10 @@ class Log:
     def flush(self) -> None:
         if self.rows:
             Event.objects.bulk_create(self.rows)
+            # Stream readers in this process hear of the events at commit (other processes hear
+            # the database's NOTIFY, or poll).
+            for conversation_id in {row.conversation_id for row in self.rows}:
+                transaction.on_commit(lambda c=conversation_id: hub.publish(conversation_key(c)))
             self.rows = []
 
 
@@ -991,7 +996,7 @@ def reopen(
         log = Log()
         _hold_task(log, task)
         previous = task.status
-        run_trigger = RunTrigger.COMMENT if trigger == "message" else trigger
+        run_trigger = trigger  # a message on a task's conversation keeps its `message` trigger
         run = _new_run(task, new_run_id, run_trigger, content, now)
         _reset_for_new_run(task, run, now)
         _save_task(
