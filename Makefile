@@ -5,8 +5,9 @@ VENV      ?= .venv
 PY        := $(VENV)/bin/python
 PORT      ?= 8000
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/agenttasks
+BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 
-.PHONY: install run test test-sqlite test-postgres lint clean
+.PHONY: install run test test-sqlite test-postgres lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +40,10 @@ test-sqlite: install
 
 test-postgres: install
 	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 $(VENV)/bin/pytest
+
+# Benchmarks against baselines measured in the same run, on PostgreSQL (not part of make test).
+bench: install
+	cd bench && DATABASE_URL=$(BENCH_URL) ../$(PY) run.py
 
 clean:
 	rm -rf $(VENV) db.sqlite3* db-test.sqlite3* .pytest_cache

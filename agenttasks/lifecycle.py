@@ -516,7 +516,9 @@ def comment(
         )
         if task.status == TaskStatus.WAITING_FOR_INPUT and task.run.status == RunStatus.PAUSED:
             # Paused on its own action or on one its delegate children escalated to it.
-            escalated = store.pending_actions_below(task.conversation_id).values_list("id", flat=True)
+            escalated = store.pending_actions_below(task.conversation_id).values_list(
+                "id", flat=True
+            )
             actions = list(dict.fromkeys([*actions, *escalated]))
         if task.status == TaskStatus.WAITING_FOR_INPUT and actions:
             raise ActionPending(actions, info=info(task))

@@ -427,15 +427,23 @@ def discard_spawn(task_id: str, reason: str = "the task could not be started") -
         )
         if task is None:
             return
-        parent = Conversation.objects.select_for_update(no_key=True).filter(
-            pk=task.parent_conversation_id
-        ).first()
+        parent = (
+            Conversation.objects.select_for_update(no_key=True)
+            .filter(pk=task.parent_conversation_id)
+            .first()
+        )
         if parent is not None:
             log = Log()
             log.hold(parent)
-            data = {"taskId": task.id, "from": TaskStatus.PENDING, "to": TaskStatus.FAILED,
-                    "runId": task.run_id, "attempt": task.attempt_no(), "error": reason,
-                    "reason": "launch failed"}
+            data = {
+                "taskId": task.id,
+                "from": TaskStatus.PENDING,
+                "to": TaskStatus.FAILED,
+                "runId": task.run_id,
+                "attempt": task.attempt_no(),
+                "error": reason,
+                "reason": "launch failed",
+            }
             log.add(parent.id, "task.status", data, run_id=task.run_id, task_id=task.id)
             log.flush()
         Wakeup.objects.filter(task_id=task_id).delete()
@@ -1556,7 +1564,9 @@ def resume_paused(conversation_id: str) -> Task | Run | bool:
     now = timezone.now()
     with transaction.atomic():
         task_id = (
-            Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True).first()
+            Task.objects.filter(conversation_id=conversation_id)
+            .values_list("id", flat=True)
+            .first()
         )
         if task_id is not None:
             task = _lock_task(task_id)

@@ -82,16 +82,15 @@ class Cluster:
 
 def clean() -> None:
     """Empty agenttasks' and django-q2's tables between measurements."""
+    from django.apps import apps
     from django.db import connection
     from django_q.models import OrmQ
     from django_q.models import Task as QTask
 
-    from agenttasks.models import Conversation
-
+    tables = [model._meta.db_table for model in apps.get_app_config("agenttasks").get_models()]
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE IF NOT EXISTS bench_rows (n integer)")
-        cursor.execute("TRUNCATE bench_rows")
-    Conversation.objects.all().delete()
+        cursor.execute(f"TRUNCATE bench_rows, {', '.join(tables)} CASCADE")
     OrmQ.objects.all().delete()
     QTask.objects.all().delete()
 

@@ -128,7 +128,10 @@ class TestCreateTask:
         store.discard_spawn(task.id, "could not start: queue down")
         closing = parent.events.order_by("-seq").first()
         assert (closing.type, closing.task_id) == ("task.status", task.id)
-        assert closing.data["to"] == "failed" and closing.data["error"] == "could not start: queue down"
+        assert (
+            closing.data["to"] == "failed"
+            and closing.data["error"] == "could not start: queue down"
+        )
         assert closing.data["reason"] == "launch failed"
 
     def test_discard_spawn_removes_everything_and_is_idempotent(self, parent):

@@ -686,7 +686,7 @@ class MessageSerializer(Shape):
             "conversationId": event.conversation_id,
             "seq": event.seq,
             "role": MESSAGE_TYPES.get(event.type, "user"),
-            "content": str(data.get("content", "")),
+            "content": data.get("content") or "",
         }
         if event.type == "message.user":
             _put(out, "origin", data.get("origin"))

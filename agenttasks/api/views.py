@@ -763,6 +763,9 @@ class MessagesView(ApiView):
         if order not in ("asc", "desc"):
             raise errors.validation("order must be asc or desc", "order")
         rows = Event.objects.filter(conversation_id=conversation.id, type__in=MESSAGE_TYPES)
+        # A turn that only called tools is logged with null content for the transcript; it is
+        # not a message anyone wrote (spec/rest.md §4.3).
+        rows = rows.exclude(type="message.assistant", data__content=None)
         rows = rows.order_by("seq" if order == "asc" else "-seq")
         items, total = page(rows, limit, offset)
         body = [s.MessageSerializer.present(e) for e in items]
