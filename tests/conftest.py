@@ -140,12 +140,25 @@ def signal_log():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stop_listener_before_teardown(django_db_setup, django_db_blocker):
-    """The PostgreSQL listener holds a connection; close it before the test database is dropped."""
+def _release_the_test_database(django_db_setup, django_db_blocker):
+    """Close what holds the test database open before it is dropped.
+
+    The PostgreSQL listener, the worker's heartbeat thread and live-server threads keep
+    connections (CONN_MAX_AGE) this thread cannot close; they are this run's own.
+    """
     yield
     from agenttasks.listen import hub
 
     hub.stop()
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        connection.close()
 
 
 @pytest.fixture

@@ -117,25 +117,6 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _drop_stray_connections(django_db_setup, django_db_blocker):
-    """Close what in-process workers and servers left open before the test database is dropped.
-
-    The worker's process-wide heartbeat thread and server threads keep PostgreSQL connections
-    (CONN_MAX_AGE) that this process cannot close from here; they are its own test database's.
-    """
-    yield
-    with django_db_blocker.unblock():
-        if connection.vendor != "postgresql":
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        connection.close()
-
-
 @pytest.fixture(autouse=True)
 def _media(settings, tmp_path):
     """Uploaded files go to a temporary directory, never the demo's media/."""

@@ -104,7 +104,9 @@ def test_rest_12_66_budgets(model, agents, as_alice, workers, receiver):
     result = as_alice.get(f"/tasks/{crossing['id']}/result").json()["result"]
     assert result["content"] == "done within budget" and seen["cross it"] == 2
     # The turn that only called `noop` is in the transcript, not among the messages.
-    messages = as_alice.get(f"/conversations/{crossing['conversationId']}/messages").json()["messages"]
+    messages = as_alice.get(f"/conversations/{crossing['conversationId']}/messages").json()[
+        "messages"
+    ]
     assert [(m["role"], m["content"]) for m in messages] == [
         ("user", "cross it"),
         ("assistant", "done within budget"),

@@ -18,7 +18,13 @@ from ..conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.chaos]
 
-SETTINGS = {"HEARTBEAT_INTERVAL": 1, "LEASE_TIMEOUT": 4, "REAP_INTERVAL": 1, "MAX_ATTEMPTS": 50}
+SETTINGS = {
+    "HEARTBEAT_INTERVAL": 1,
+    "LEASE_TIMEOUT": 4,
+    "REAP_INTERVAL": 1,
+    "MAX_ATTEMPTS": 50,
+    "MAX_ACTIVE_TASKS_PER_USER": 0,
+}
 MIX = ["slow"] * 15 + ["approver"] * 10 + ["boom"] * 10 + ["clarify"] * 10 + ["echo"] * 5
 
 
