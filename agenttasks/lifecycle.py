@@ -89,11 +89,7 @@ NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a jo
 def progress_line(task: Task, run: Run | None = None) -> str:
     """Render the progress of a task with its kind's DESCRIBE_STATE hook, or ''."""
     try:
-        hook = (
-            app_settings.hook("DESCRIBE_STATE", task.kind)
-            if task.kind or _has_plain_hook()
-            else None
-        )
+        hook = app_settings.hook("DESCRIBE_STATE", task.kind)  # "" is a plain task's kind
         if hook is None:
             return ""
         run = run if run is not None else task.run
@@ -102,10 +98,6 @@ def progress_line(task: Task, run: Run | None = None) -> str:
     except Exception:
         logger.exception("lifecycle.describe_failed task=%s", task.id)
         return ""
-
-
-def _has_plain_hook() -> bool:
-    return "" in (app_settings.DESCRIBE_STATE or {})
 
 
 def info(task: Task, *, agent: str = "") -> TaskInfo:
@@ -178,6 +170,19 @@ def _launch(run_id: str) -> None:
     queue.launch_on_commit(run_id)
 
 
+def _launch_durable(run_id: str) -> None:
+    """Launch a run whose queued row is committed: a failure is logged, not raised.
+
+    Nothing is lost: the reaper enqueues a run queued longer than REQUEUE_AFTER again.
+    """
+    try:
+        _launch(run_id)
+    except Exception:
+        logger.exception(
+            "lifecycle.launch_failed run=%s (the reaper will enqueue it again)", run_id
+        )
+
+
 def _check_agent(agent_id: str) -> None:
     registry.get(agent_id)
 
@@ -223,11 +228,7 @@ def create(
         )
         if before_commit is not None:
             before_commit(task)
-    try:
-        _launch(task.run_id)
-    except Exception:
-        # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
-        logger.exception("lifecycle.launch_failed task=%s run=%s", task.id, task.run_id)
+    _launch_durable(task.run_id)
     _updated(task)
     return task
 
@@ -523,10 +524,7 @@ def comment(
         if task.status == TaskStatus.WAITING_FOR_INPUT and actions:
             raise ActionPending(actions, info=info(task))
         raise TaskBusy(task.status, info=info(task))
-    try:
-        _launch(run_id)
-    except Exception:
-        logger.exception("lifecycle.launch_failed task=%s run=%s", task.id, run_id)
+    _launch_durable(run_id)
     _wake_waiters(task.id)
     _updated(won)
     return won.new_comment
@@ -892,11 +890,7 @@ def post_message(
     run, event = store.start_conversation_run(
         conversation_id, content, metadata=metadata, files=files
     )
-    try:
-        _launch(run.id)
-    except Exception:
-        # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
-        logger.exception("lifecycle.launch_failed conversation=%s run=%s", conversation_id, run.id)
+    _launch_durable(run.id)
     return run, event
 
 
@@ -923,8 +917,4 @@ def resume_if_settled(conversation_id: str | None) -> None:
     if isinstance(won, Task):
         _wake_waiters(won.id)
         _updated(won)
-    try:
-        _launch(run_id)
-    except Exception:
-        # The queued run is durable: the reaper enqueues it again after REQUEUE_AFTER.
-        logger.exception("lifecycle.launch_failed conversation=%s run=%s", conversation_id, run_id)
+    _launch_durable(run_id)

@@ -20,6 +20,7 @@ def setup_django() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     os.environ.setdefault("AGENTTASKS_LOG", "WARNING")
     os.environ.setdefault("DJANGO_DEBUG", "0")  # DEBUG keeps every query: slower, and it grows
+    os.environ.setdefault("Q_LOG_LEVEL", "WARNING")  # not one "Enqueued" line per task here
     _ensure_database(os.environ["DATABASE_URL"])
     import django
 
@@ -54,7 +55,14 @@ class Cluster:
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "qcluster"],
             cwd=ROOT,
-            env={**os.environ, "Q_WORKERS": str(workers), "PYTHONUNBUFFERED": "1", **(env or {})},
+            # The cluster logs at INFO: its "ready for work" lines say when (and where) it runs.
+            env={
+                **os.environ,
+                "Q_WORKERS": str(workers),
+                "Q_LOG_LEVEL": "INFO",
+                "PYTHONUNBUFFERED": "1",
+                **(env or {}),
+            },
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

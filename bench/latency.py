@@ -1,7 +1,7 @@
 """P3 wake latency: from the commit of an ending to the return of every kind of waiter.
 
 One process (this one) commits the ending of a running task. Waiting meanwhile:
-- `GET /tasks/{id}/wait` against a web server in another process (runserver, threaded WSGI);
+- `GET /tasks/{id}/wait` against a web server in another process (uvicorn);
 - `lifecycle.status(id, wait=…)` (what the `task_status` tool calls) in a third process;
 - an SSE client on the task's conversation stream (`?until=terminal`).
 p50 and p95 over K endings.
@@ -39,8 +39,10 @@ def percentile(values, q):
 
 
 def start_server(port: int) -> subprocess.Popen:
+    # uvicorn (ASGI): the sync views run on one thread that keeps its database connection, as in
+    # a production server; runserver opens a connection per request thread.
     server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "uvicorn", "project.asgi:application", "--port", str(port), "--no-access-log"],
         cwd=ROOT,
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,

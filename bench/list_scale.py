@@ -48,7 +48,7 @@ INSERT INTO agenttasks_run (id, conversation_id, task_id, agent, trigger, input,
                             exec_seconds, counted_usage, created_at)
 SELECT t.run_id, t.conversation_id, t.id, 'echo', 'initial', t.input, 1,
        CASE t.status WHEN 'pending' THEN 'queued' WHEN 'waiting_for_input' THEN 'paused' ELSE t.status END,
-       '', '', t.created_at, '', '', false, 0, 0, 0, 0, 0, false, 0, false, t.created_at
+       '', '', t.created_at, '', '', false, 0, 0, 0, 0, 0, false, 0, NULL, t.created_at
 FROM agenttasks_task t;
 """
 

@@ -36,12 +36,14 @@ def main() -> None:
             )
         )
 
+    print_table(rows)
     steps = statements.measure()
     for name, count in steps:
         rows.append((f"P2 statements: {name}", str(count), "", ""))
     total = steps[0][1] + steps[1][1] + steps[2][1]
     rows.append(("P2 statements: create -> claim -> finish", str(total), "", "goal <= 20"))
 
+    print_table(rows)
     for name, values in latency.measure(k, 8765).items():
         ms = [max(v, 0) * 1000 for v in values]
         rows.append(
@@ -53,6 +55,7 @@ def main() -> None:
             )
         )
 
+    print_table(rows)
     running, newest, total_tasks = list_scale.measure(scale, 1000, 8766)
     rows.append(
         (
@@ -82,10 +85,14 @@ def main() -> None:
         )
     )
 
+    print_table(rows)
+
+
+def print_table(rows) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    print()
+    print(flush=True)
     for row in rows:
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)), flush=True)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,7 @@ Q_CLUSTER = {
     "save_limit": -1,  # keep no success rows: agenttasks records outcomes itself
     "ack_failures": True,
     "label": "Django Q",
+    "log_level": os.environ.get("Q_LOG_LEVEL", "INFO"),
 }
 
 AGENTTASKS = {
