@@ -880,37 +880,24 @@ def retry_claim(task_id: str, new_run_id: str, max_attempts: int, cap: int | Non
         prompt = retry_prompt(task)
         task.attempt = task.attempt_no() + 1
         run = _new_run(task, new_run_id, RunTrigger.RETRY, prompt, now)
-        _reset_for_new_run(task, run, now)
-        _save_task(
-            task,
-            [
-                "run",
-                "status",
-                "attempt",
-                "summary",
-                "result",
-                "error",
-                "continuations",
-                "finished_at",
-                "started_at",
-                "stop_reason",
-            ],
-            now,
-        )
-        _drop_debt(task, now)
-        TaskResult.objects.filter(task_id=task.id).delete()
+        _move_to_new_run(task, run, now, "attempt")
         user_message(log, task.conversation_id, prompt, "retry", run_id=run.id, task_id=task.id)
         _task_status(log, task, TaskStatus.FAILED)
         log.flush()
         return task
 
 
-def _reset_for_new_run(task: Task, run: Run, now) -> None:
+def _move_to_new_run(task: Task, run: Run, now, *more_fields: str) -> None:
+    """Point a task at a new queued run: pending, its last outcome, debt and result cleared."""
     task.run = run
     task.status = TaskStatus.PENDING
     task.summary = task.result = task.error = task.stop_reason = ""
     task.continuations = 0
     task.finished_at = task.started_at = None
+    fields = ["run", "status", "summary", "result", "error", "stop_reason", "continuations"]
+    _save_task(task, [*fields, "finished_at", "started_at", *more_fields], now)
+    _drop_debt(task, now)  # the task is no longer finished: its next ending owes afresh
+    TaskResult.objects.filter(task_id=task.id).delete()
 
 
 def release_retry_claim(task_id: str, run_id: str, summary: str, result: str) -> Task | bool:
@@ -1006,24 +993,7 @@ def reopen(
         previous = task.status
         run_trigger = trigger  # a message on a task's conversation keeps its `message` trigger
         run = _new_run(task, new_run_id, run_trigger, content, now)
-        _reset_for_new_run(task, run, now)
-        _save_task(
-            task,
-            [
-                "run",
-                "status",
-                "summary",
-                "result",
-                "error",
-                "continuations",
-                "finished_at",
-                "started_at",
-                "stop_reason",
-            ],
-            now,
-        )
-        _drop_debt(task, now)
-        TaskResult.objects.filter(task_id=task.id).delete()
+        _move_to_new_run(task, run, now)
         task.new_comment = None
         if trigger == RunTrigger.WAKEUP:
             data = {"content": content, "taskIds": notification_task_ids or []}
