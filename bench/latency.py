@@ -42,7 +42,15 @@ def start_server(port: int) -> subprocess.Popen:
     # uvicorn (ASGI): the sync views run on one thread that keeps its database connection, as in
     # a production server; runserver opens a connection per request thread.
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "project.asgi:application", "--port", str(port), "--no-access-log"],
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "project.asgi:application",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ],
         cwd=ROOT,
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
