@@ -21,6 +21,7 @@ def setup_django() -> None:
     os.environ.setdefault("AGENTTASKS_LOG", "WARNING")
     os.environ.setdefault("DJANGO_DEBUG", "0")  # DEBUG keeps every query: slower, and it grows
     os.environ.setdefault("Q_LOG_LEVEL", "WARNING")  # not one "Enqueued" line per task here
+    os.environ.setdefault("AGENTTASKS_OVERRIDES", '{"MAX_ACTIVE_TASKS_PER_USER": 0}')
     _ensure_database(os.environ["DATABASE_URL"])
     import django
 

@@ -2,7 +2,8 @@
 
 Both run on the same PostgreSQL database with the same cluster settings in the same run:
 - baseline: N django-q2 jobs that each insert one row (first enqueue to last row written);
-- agenttasks: N echo tasks created with `lifecycle.create` (first create to last completed).
+- agenttasks: N echo tasks created through the REST API (uvicorn, 8 concurrent clients), first
+  create to last completed.
 
     .venv/bin/python bench/throughput.py --n 2000 --workers 2 4
 """
@@ -28,16 +29,49 @@ def bare(n: int) -> float:
     return n / (wait_until(lambda: count() >= n, 600) - started)
 
 
-def agenttasks(n: int) -> float:
-    from agenttasks import lifecycle
+def agenttasks(n: int, port: int = 8767, concurrency: int = 8) -> float:
+    """N echo tasks created through the REST API by `concurrency` clients, run by the cluster."""
+    import threading
+
+    import httpx
+    from latency import start_server
+    from rest_framework.authtoken.models import Token
+
     from agenttasks.models import Task
 
-    user = bench_user()
-    started = time.monotonic()
-    for i in range(n):
-        lifecycle.create(owner=user, agent_id="echo", input=f"m{i}")
-    ended = wait_until(lambda: Task.objects.filter(status="completed").count() >= n, 900)
-    return n / (ended - started)
+    token = Token.objects.get_or_create(user=bench_user())[0].key
+    server = start_server(port)
+    url = f"http://127.0.0.1:{port}/api/agents/tasks"
+    headers = {"Authorization": f"Token {token}"}
+    failures = []
+
+    def create(count: int, offset: int) -> None:
+        with httpx.Client(timeout=60) as client:
+            for i in range(count):
+                answer = client.post(
+                    url, json={"agentId": "echo", "input": f"m{offset + i}"}, headers=headers
+                )
+                if answer.status_code != 201:
+                    failures.append(answer.text)
+
+    try:
+        share = n // concurrency
+        clients = [
+            threading.Thread(target=create, args=(share, k * share)) for k in range(concurrency)
+        ]
+        started = time.monotonic()
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+        if failures:
+            raise SystemExit(f"{len(failures)} creates failed, e.g. {failures[0]}")
+        ended = wait_until(
+            lambda: Task.objects.filter(status="completed").count() >= share * concurrency, 900
+        )
+    finally:
+        server.kill()
+    return share * concurrency / (ended - started)
 
 
 def measure(n: int, workers_list: list[int]) -> list[tuple[int, float, float]]:
