@@ -59,6 +59,9 @@ TEMPLATES = [
 ]
 
 
+POOLED = os.environ.get("DB_POOL") == "1"
+
+
 def database_from_url(url: str) -> dict:
     """Turn postgres://user:password@host:port/name into a DATABASES entry."""
     parts = urlparse(url)
@@ -72,8 +75,11 @@ def database_from_url(url: str) -> dict:
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
         # django-q2 closes connections around every step: reusing them is 7x faster (DESIGN §5).
-        "CONN_MAX_AGE": 60,
-        "CONN_HEALTH_CHECKS": True,
+        # Under ASGI every request runs in a thread of its own, so a persistent connection would
+        # be left behind by each; there DB_POOL=1 uses Django's connection pool instead.
+        "CONN_MAX_AGE": 0 if POOLED else 60,
+        "CONN_HEALTH_CHECKS": not POOLED,
+        "OPTIONS": {"pool": {"min_size": 2, "max_size": 20, "timeout": 30}} if POOLED else {},
         "TEST": {"NAME": "test_" + unquote(parts.path.lstrip("/"))},
     }
 
