@@ -52,7 +52,10 @@ def start_server(port: int) -> subprocess.Popen:
             "--no-access-log",
         ],
         cwd=ROOT,
-        env={**os.environ, "DB_POOL": "1"},  # each ASGI request has its own thread: pool connections
+        env={
+            **os.environ,
+            "DB_POOL": "1",
+        },  # each ASGI request has its own thread: pool connections
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
