@@ -108,7 +108,9 @@ class TaskBusy(TaskError):
     """A comment reached a task that is pending or running (REST: task_busy)."""
 
     def __init__(self, status: str, message: str | None = None, *, info=None):
-        super().__init__(message or f"tasks: task is {status}", info=info)
+        from .states import model_status  # messages use the model-facing name (working, …)
+
+        super().__init__(message or f"tasks: task is {model_status(status)}", info=info)
         self.status = status
 
 
