@@ -1,0 +1,67 @@
+"""The reaper's command and its schedule."""
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+from django_q.models import Schedule
+
+from agenttasks import queue, store
+from agenttasks.models import Run, Task
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORPHAN = "The server stopped while the task was running"
+
+
+def orphaned(user):
+    task = store.create_task(owner=user, agent="echo", input="x")
+    store.claim(task.run_id, "gone")
+    Run.objects.filter(pk=task.run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    return task
+
+
+def test_dry_run_reports_and_changes_nothing(user):
+    task = orphaned(user)
+    out = StringIO()
+    call_command("agenttasks_reap", "--dry-run", stdout=out)
+    assert f'orphans: 1 ["{task.id}"]' in out.getvalue()
+    assert Task.objects.get(pk=task.id).status == "running"
+
+
+def test_a_pass_fails_the_orphan(user):
+    task = orphaned(user)
+    out = StringIO()
+    call_command("agenttasks_reap", stdout=out)
+    assert f'failed: 1 ["{task.id}"]' in out.getvalue()
+    failed = Task.objects.get(pk=task.id)
+    assert (failed.status, failed.error) == ("failed", ORPHAN)
+    out = StringIO()
+    call_command("agenttasks_reap", stdout=out)
+    assert out.getvalue().strip() == "failed: 0"
+
+
+def test_the_schedule_is_installed_once(db):
+    queue.install_schedule("agenttasks reaper", "agenttasks.reaper.reap")
+    queue.install_schedule("agenttasks reaper", "agenttasks.reaper.reap")
+    (schedule,) = Schedule.objects.filter(name="agenttasks reaper")
+    assert (schedule.func, schedule.schedule_type, schedule.repeats) == (
+        "agenttasks.reaper.reap",
+        Schedule.MINUTES,
+        -1,
+    )
+
+
+def test_a_cluster_installs_the_schedule_itself(start_cluster):
+    start_cluster(workers=1)
+    wait_for(
+        lambda: Schedule.objects.filter(
+            name="agenttasks reaper", func="agenttasks.reaper.reap"
+        ).exists(),
+        timeout=20,
+        message="the reaper's schedule",
+    )
