@@ -110,6 +110,20 @@ def _lock_task(task_id: str) -> Task:
             raise TaskNotFound()
 
 
+def _run_rows():
+    """Runs locked with their conversation (its row guards a run that has no task)."""
+    return Run.objects.select_related("conversation").select_for_update(
+        no_key=True, of=("conversation", "self")
+    )
+
+
+def _lock_run(run_id: str) -> Run:
+    try:
+        return _run_rows().get(pk=run_id)
+    except Run.DoesNotExist:
+        raise RunNotFound() from None
+
+
 def lock_task(task_id: str) -> Task:
     """Lock a task (with its conversation and current run) inside the caller's transaction."""
     return _lock_task(task_id)
@@ -490,14 +504,7 @@ def _trigger_name(trigger: str) -> str:
 
 
 def _claim_taskless(run_id: str, worker: str, now) -> Run | bool:
-    try:
-        run = (
-            Run.objects.select_related("conversation")
-            .select_for_update(no_key=True, of=("conversation", "self"))
-            .get(pk=run_id)
-        )
-    except Run.DoesNotExist:
-        raise RunNotFound() from None
+    run = _lock_run(run_id)
     if run.status != RunStatus.QUEUED:
         return False
     if run.task_id is not None or run.conversation.deleting_at is not None:
@@ -520,14 +527,7 @@ def record_run_end(run_id: str, outcome: RunOutcome) -> Run | bool:
     """Record how a running (or paused) run ended; the task row is not touched."""
     now = timezone.now()
     with transaction.atomic():
-        try:
-            run = (
-                Run.objects.select_related("conversation")
-                .select_for_update(no_key=True, of=("conversation", "self"))
-                .get(pk=run_id)
-            )
-        except Run.DoesNotExist:
-            raise RunNotFound() from None
+        run = _lock_run(run_id)
         if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
             return False
         log = Log()
@@ -1186,14 +1186,7 @@ def reclaim_conversation_run(run_id: str, action_id: str, resolution: dict) -> R
     """Resolve an action of a paused conversation run; re-queue the run when none is left open."""
     now = timezone.now()
     with transaction.atomic():
-        try:
-            run = (
-                Run.objects.select_related("conversation")
-                .select_for_update(no_key=True, of=("conversation", "self"))
-                .get(pk=run_id)
-            )
-        except Run.DoesNotExist:
-            raise RunNotFound() from None
+        run = _lock_run(run_id)
         action = PendingAction.objects.select_for_update().filter(pk=action_id).first()
         if action is None or action.status != ActionStatus.PENDING:
             return False
@@ -1558,8 +1551,7 @@ def resume_paused(conversation_id: str) -> Task | Run | bool:
             log.flush()
             return task
         run = (
-            Run.objects.select_related("conversation")
-            .select_for_update(no_key=True, of=("conversation", "self"))
+            _run_rows()
             .filter(conversation_id=conversation_id, task__isnull=True)
             .order_by("-created_at", "-id")
             .first()
