@@ -124,6 +124,12 @@ def _lock_run(run_id: str) -> Run:
         raise RunNotFound() from None
 
 
+def _lock_open_action(action_id: str) -> PendingAction | None:
+    """Lock an action that is still pending; None when it is gone or already settled."""
+    action = PendingAction.objects.select_for_update().filter(pk=action_id).first()
+    return action if action is not None and action.status == ActionStatus.PENDING else None
+
+
 def lock_task(task_id: str) -> Task:
     """Lock a task (with its conversation and current run) inside the caller's transaction."""
     return _lock_task(task_id)
@@ -1187,8 +1193,8 @@ def reclaim_conversation_run(run_id: str, action_id: str, resolution: dict) -> R
     now = timezone.now()
     with transaction.atomic():
         run = _lock_run(run_id)
-        action = PendingAction.objects.select_for_update().filter(pk=action_id).first()
-        if action is None or action.status != ActionStatus.PENDING:
+        action = _lock_open_action(action_id)
+        if action is None:
             return False
         log = Log()
         log.hold(run.conversation)
@@ -1321,8 +1327,8 @@ def expire_and_cancel(task_id: str, run_id: str, action_id: str) -> Task | bool:
     now = timezone.now()
     with transaction.atomic():
         task = _lock_task(task_id)
-        action = PendingAction.objects.select_for_update().filter(pk=action_id).first()
-        if action is None or action.status != ActionStatus.PENDING:
+        action = _lock_open_action(action_id)
+        if action is None:
             return False
         log = Log()
         _hold_task(log, task)
