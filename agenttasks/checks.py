@@ -7,6 +7,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from . import forking
 from .conf import DEFAULTS, app_settings
 
 REQUIRED_APPS = ("rest_framework", "django_q")
@@ -147,3 +148,28 @@ def check_sqlite(app_configs=None, databases=None, **kwargs):
                 )
             )
     return messages
+
+
+def unresettable_pools(wrappers) -> list[str]:
+    """Return the aliases whose connection pool a forked worker could not drop."""
+    return [
+        wrapper.alias
+        for wrapper in wrappers
+        if (wrapper.settings_dict.get("OPTIONS") or {}).get("pool")
+        and (forking.pool_registry(wrapper) is None or not forking.is_installed())
+    ]
+
+
+@register()
+def check_fork_safety(app_configs=None, **kwargs):
+    """Connections must not be shared by the processes django-q2 forks."""
+    return [
+        Error(
+            f"Database {alias!r} uses a connection pool that agenttasks cannot reset in the "
+            "processes django-q2 forks: they would share its connections.",
+            hint="Use Django's own PostgreSQL pool (OPTIONS['pool']), or no pool in the "
+            "settings that qcluster runs with.",
+            id="agenttasks.E005",
+        )
+        for alias in unresettable_pools(connections.all())
+    ]

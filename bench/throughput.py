@@ -80,7 +80,9 @@ def measure(n: int, workers_list: list[int]) -> list[tuple[int, float, float]]:
         results = []
         for run in (bare, agenttasks):
             clean()
-            cluster = Cluster(workers)
+            # One settings module for the web server and the cluster, as a site keeps it: both
+            # use the connection pool, which each forked worker must not inherit.
+            cluster = Cluster(workers, env={"DB_POOL": "1"})
             try:
                 results.append(run(n))
             finally:

@@ -25,11 +25,12 @@ def database_env() -> dict:
 
 
 class Cluster:
-    """`manage.py qcluster` with the given worker count and AGENTTASKS overrides."""
+    """`manage.py qcluster` with the given worker count, AGENTTASKS overrides and environment."""
 
-    def __init__(self, workers: int = 2, settings: dict | None = None):
+    def __init__(self, workers: int = 2, settings: dict | None = None, env: dict | None = None):
         self.workers = workers
         self.settings = settings or {}
+        self.env = env or {}
         self.process: subprocess.Popen | None = None
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -42,6 +43,7 @@ class Cluster:
             "Q_WORKERS": str(self.workers),
             "AGENTTASKS_TEST_SETTINGS": json.dumps(self.settings),
             "PYTHONUNBUFFERED": "1",
+            **self.env,
         }
         self._ready.clear()
         self.process = subprocess.Popen(

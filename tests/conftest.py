@@ -185,8 +185,8 @@ def start_cluster(transactional_db, real_queue):
 
     started = []
 
-    def start(workers: int = 2, **settings):
-        cluster = Cluster(workers=workers, settings=settings).start()
+    def start(workers: int = 2, env: dict | None = None, **settings):
+        cluster = Cluster(workers=workers, settings=settings, env=env).start()
         started.append(cluster)
         return cluster
 
