@@ -40,6 +40,16 @@ class TaskLimit(TaskError):
         self.limit = limit
 
 
+class ActiveTaskLimit(TaskError):
+    """The user already has MAX_ACTIVE_TASKS_PER_USER active tasks (REST: task_limit)."""
+
+    def __init__(self, limit: int, *, info=None):
+        super().__init__(
+            f"tasks: you already have {limit} active tasks; wait for one to finish", info=info
+        )
+        self.limit = limit
+
+
 class NotRetryable(TaskError):
     def __init__(self, status: str, *, info=None):
         super().__init__(
@@ -119,6 +129,15 @@ class ActionPending(TaskError):
 
     def __init__(self, action_ids=(), *, info=None):
         super().__init__("tasks: task is waiting on an approval or a question", info=info)
+        self.action_ids = list(action_ids)
+
+
+class ConversationBusy(TaskError):
+    """A message reached a conversation with an action pending or a run in progress."""
+
+    def __init__(self, conversation_id: str, *, run_id: str = "", action_ids=()):
+        super().__init__(f"tasks: conversation {conversation_id} is busy")
+        self.run_id = run_id
         self.action_ids = list(action_ids)
 
 

@@ -17,6 +17,7 @@ from . import ids, queue, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
     ActionPending,
+    ActiveTaskLimit,
     AlreadyFinal,
     ConversationNotFound,
     DepthLimit,
@@ -39,13 +40,15 @@ from .states import (
     LIVE,
     TERMINAL,
     ActionStatus,
+    OutcomeStatus,
     RunStatus,
     RunTrigger,
     StopRequest,
+    TaskKind,
     TaskStatus,
     model_status,
 )
-from .types import Continuation, RunOutcome, StopOutcome, TaskInfo, TaskMeta
+from .types import Continuation, Ending, NewTask, RunOutcome, StopOutcome, TaskInfo, TaskMeta
 
 __all__ = [
     "Continuation",
@@ -78,7 +81,7 @@ STATUS_POLL = 0.25
 STOP_SETTLE_WAIT = 2.0
 STOP_PASSES = 2
 LABEL_LENGTH = 60
-DELEGATE = store.DELEGATE
+DELEGATE = TaskKind.DELEGATE
 CEILING_TEXT = "stopped after %d runs: the task's continuation ceiling (%d) was reached"
 NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a job of several runs needs run identity"
 
@@ -118,7 +121,7 @@ def info(task: Task, *, agent: str = "") -> TaskInfo:
 
 
 def _read(task_id: str) -> Task:
-    return store.get_task(task_id)
+    return Task.objects.read(task_id)
 
 
 def _after_commit(fn: Callable[[], None]) -> None:
@@ -213,22 +216,31 @@ def create(
 
         callbacks.check_syntax(callback_url)
         callbacks.check_address(callback_url)
-    with transaction.atomic():
-        task = store.create_task(
-            owner=owner,
-            agent=agent_id,
-            input=input,
-            label=label or " ".join(input.split())[:LABEL_LENGTH],
-            kind=kind,
-            state=state,
-            inherit=agent.snapshot(),
-            callback_url=callback_url or "",
-            metadata=metadata,
-            files=list(files) or None,
-        )
-        if before_commit is not None:
+    run_id = ids.new_run_id()
+    new = NewTask(
+        owner=owner,
+        agent=agent_id,
+        input=input,
+        label=label or " ".join(input.split())[:LABEL_LENGTH],
+        kind=kind,
+        state=state,
+        inherit=agent.snapshot(),
+        callback_url=callback_url or "",
+        metadata=metadata or {},
+        files=list(files),
+        run_id=run_id,
+    )
+    # The first run's job commits with the task when the broker is this database.
+    job = queue.job_row(run_id)
+    limit = app_settings.MAX_ACTIVE_TASKS_PER_USER
+    if before_commit is None:
+        task = store.create_task(new, owner_limit=limit, job=job)
+    else:
+        with transaction.atomic():
+            task = store.create_task(new, owner_limit=limit, job=job)
             before_commit(task)
-    _launch_durable(task.run_id)
+    if job is None:
+        _launch_durable(run_id)
     _updated(task)
     return task
 
@@ -277,31 +289,39 @@ def spawn(
         agent = registry.get(agent_id)
     except registry.UnknownAgent as exc:
         raise SpawnError.resolving_agent(agent_id, exc) from exc
+    run_id = ids.new_run_id()
+    new = NewTask(
+        parent_conversation_id=parent.pk,
+        owner=parent.owner,
+        agent=agent_id,
+        input=input,
+        label=label,
+        kind=kind,
+        state=state,
+        inherit=agent.snapshot(),
+        depth=depth,
+        parent_run_id=getattr(parent_run, "pk", parent_run),
+        tool_call_id=tool_call_id,
+        run_id=run_id,
+    )
+    job = queue.job_row(run_id)
     try:
         task = store.create_task(
-            parent_conversation=parent,
-            owner=parent.owner,
-            agent=agent_id,
-            input=input,
-            label=label,
-            kind=kind,
-            state=state,
-            inherit=agent.snapshot(),
-            depth=depth,
-            parent_run=parent_run,
-            tool_call_id=tool_call_id,
-            cap=app_settings.MAX_CONCURRENT_PER_PARENT,
+            new,
+            parent_cap=app_settings.MAX_CONCURRENT_PER_PARENT,
+            owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
+            job=job,
         )
-    except (TaskLimit, ConversationNotFound):
+    except (TaskLimit, ActiveTaskLimit, ConversationNotFound):
         raise
     except DatabaseError as exc:
         raise SpawnError.creating_task(exc) from exc
-    try:
-        _launch(task.run_id)
-    except Exception as exc:
-        store.discard_spawn(task.id, f"could not start: {exc}")
-        raise LaunchFailed.spawn(exc) from exc
-    task = _read(task.id)
+    if job is None:
+        try:
+            _launch(run_id)
+        except Exception as exc:
+            store.discard_spawn(task.id, f"could not start: {exc}")
+            raise LaunchFailed.spawn(exc) from exc
     _updated(task)
     return info(task, agent=agent.name)
 
@@ -357,7 +377,13 @@ def retry(task_id: str) -> TaskInfo:
     _refuse_retry(task)
     run_id = ids.new_run_id()
     cap = app_settings.MAX_CONCURRENT_PER_PARENT
-    won = store.retry_claim(task.id, run_id, app_settings.MAX_ATTEMPTS, cap)
+    won = store.retry_claim(
+        task.id,
+        run_id,
+        app_settings.MAX_ATTEMPTS,
+        cap,
+        owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
+    )
     if not won:
         task = _read(task_id)
         _refuse_retry(task)
@@ -505,15 +531,14 @@ def comment(
         author=author,
         metadata=metadata,
         origin=origin,
-        trigger="message" if origin == "message" else RunTrigger.COMMENT,
+        trigger=RunTrigger.MESSAGE if origin == "message" else RunTrigger.COMMENT,
         files=files,
+        owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
     )
     if not won:
         task = _read(task_id)
         actions = list(
-            PendingAction.objects.filter(
-                run_id=task.run_id, status=ActionStatus.PENDING
-            ).values_list("id", flat=True)
+            PendingAction.objects.open().filter(run_id=task.run_id).values_list("id", flat=True)
         )
         if task.status == TaskStatus.WAITING_FOR_INPUT and task.run.status == RunStatus.PAUSED:
             # Paused on its own action or on one its delegate children escalated to it.
@@ -537,13 +562,13 @@ def resolve_action(action_id: str, resolution: dict):
     """
     action = PendingAction.objects.get(pk=action_id)
     if action.task_id is not None:
-        won = store.reclaim_working(action.task_id, action.run_id, action_id, resolution)
+        won = store.answer(action.task_id, action.run_id, action_id, resolution)
         if won:
             _updated(won)
             if won.status == TaskStatus.PENDING:
                 _launch(won.run_id)
         return won
-    won = store.reclaim_conversation_run(action.run_id, action_id, resolution)
+    won = store.answer_conversation_run(action.run_id, action_id, resolution)
     if won and won.status == RunStatus.QUEUED:
         _launch(won.id)
     return won
@@ -570,19 +595,23 @@ def on_run_finished(conversation, outcome: RunOutcome, *, task: Task | None = No
         if meta is None:
             if outcome.run_id:
                 store.record_run_end(outcome.run_id, outcome)
-                if outcome.status == "input_required":
+                if outcome.status == OutcomeStatus.INPUT_REQUIRED:
                     resume_if_settled(conversation_id)  # its escalated children may have settled
             wakeups.schedule_delivery(conversation_id)
             return
         task = _read(meta.task_id)
     run_id = outcome.run_id or task.run_id
-    if outcome.status == "input_required":
+    if outcome.status == OutcomeStatus.INPUT_REQUIRED:
         if _pause(task, run_id, outcome) or not _stopping_after_turn(run_id):
             return
         # The store refused the pause of a run asked to stop after its turn: it ends instead,
         # as a graceful stop (§3.14.4), so no action is left open and the stop is honoured.
         outcome = dataclasses.replace(
-            outcome, status="completed", graceful_stop=True, actions=(), clarification=None
+            outcome,
+            status=OutcomeStatus.COMPLETED,
+            graceful_stop=True,
+            actions=(),
+            clarification=None,
         )
     if outcome.status not in TERMINAL:
         return
@@ -599,11 +628,12 @@ def _ending(
     status: str | None = None,
     full: str | None = None,
     state=None,
-) -> dict:
-    """The finalize arguments of an outcome (a completed run asked to stop after its turn is a
+) -> Ending:
+    """How an outcome settles its task (a completed run asked to stop after its turn is a
     cancellation that keeps its reply as the result)."""
     if full is None:
-        full = outcome.text.strip() or (outcome.error if outcome.status == "failed" else "")
+        failed = outcome.status == OutcomeStatus.FAILED
+        full = outcome.text.strip() or (outcome.error if failed else "")
     status = status or outcome.status
     summary = full[: app_settings.SUMMARY_LIMIT]
     reason = ""
@@ -618,26 +648,24 @@ def _ending(
             "usage": outcome.usage,
             "metadata": outcome.metadata,
         }
-    return {
-        "status": status,
-        "summary": summary,
-        "result": full,
-        "error": outcome.error if status == outcome.status else "",
-        "state": state,
-        "task_result": task_result,
-        "reason": reason,
-    }
+    return Ending(
+        status=status,
+        summary=summary,
+        result=full,
+        error=outcome.error if status == outcome.status else "",
+        state=state,
+        task_result=task_result,
+        reason=reason,
+    )
 
 
 def _finish(task: Task, run_id: str, outcome: RunOutcome) -> None:
-    """Record the ending and finalize in one transaction (a kind without a CONTINUE hook)."""
-
-    def decide(locked: Task, run: Run):
-        graceful = outcome.graceful_stop or run.stop_request == StopRequest.AFTER_TURN
-        return _ending(outcome, graceful=graceful)
-
-    _, won = store.finish_run(task.id, run_id, outcome, decide)
-    _settled(won, task, run_id)
+    """Record the ending and finalize at once (a kind without a CONTINUE hook)."""
+    ending = _ending(outcome, graceful=outcome.graceful_stop)
+    graceful = _ending(outcome, graceful=True)
+    after_turn = None if graceful == ending else graceful
+    ended = store.end(task.id, run_id, ending, outcome=outcome, after_turn=after_turn)
+    _settled(ended.task, task, run_id)
 
 
 def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
@@ -649,7 +677,7 @@ def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
         outcome = dataclasses.replace(outcome, graceful_stop=True)
     store.record_run_end(run_id, outcome)
     ending = _ending(outcome, graceful=graceful)
-    if _wants_continuation(task, run_id, ending["status"], outcome):
+    if _wants_continuation(task, run_id, ending.status, outcome):
         if outcome.run_id is None:
             logger.warning(NO_RUN_ID_WARNING)
         else:
@@ -658,8 +686,7 @@ def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
                 return
             status, full, final_state = step
             ending = _ending(outcome, graceful=False, status=status, full=full, state=final_state)
-    won = store.finalize(task.id, run_id, **ending)
-    _settled(won, task, run_id)
+    _settled(store.end(task.id, run_id, ending).task, task, run_id)
 
 
 def _settled(won, task: Task, run_id: str) -> None:
@@ -672,7 +699,7 @@ def _settled(won, task: Task, run_id: str) -> None:
 
 def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
     partial = {"content": outcome.text, "metadata": outcome.metadata, "usage": outcome.usage}
-    won = store.mark_input_required(
+    won = store.pause(
         task.id,
         run_id,
         actions=outcome.actions,
@@ -715,7 +742,7 @@ def _continue(task: Task, run_id: str, outcome: RunOutcome):
     (status, full text, final state) for the ending.
     """
     hook = app_settings.hook("CONTINUE", task.kind)
-    status = TaskStatus.COMPLETED if outcome.status == "completed" else outcome.status
+    status = TaskStatus.COMPLETED if outcome.status == OutcomeStatus.COMPLETED else outcome.status
     full = outcome.text.strip() or (outcome.error if status == TaskStatus.FAILED else "")
     try:
         cont = hook(task, outcome)
@@ -765,7 +792,7 @@ def _continue(task: Task, run_id: str, outcome: RunOutcome):
 
 def model_has_result(task_info: TaskInfo | None) -> None:
     """Settle the debt of a result the model was handed, bound to its run and attempt."""
-    if task_info is None or task_info.status not in ("completed", "failed", "cancelled"):
+    if task_info is None or task_info.status not in TERMINAL:
         return
     try:
         task = _read(task_info.task_id)
@@ -838,8 +865,8 @@ def expire_actions(action_ids=None) -> list[str]:
 
 def delete_conversation(conversation_id: str) -> None:
     """Stop and delete a conversation's whole tree; its stored files go after commit."""
-    store.mark_deleting(conversation_id)
-    store.stop_conversation_runs(conversation_id)
+    tree = store.mark_deleting(conversation_id)
+    store.stop_conversation_runs(tree)
     stop_tree(conversation_id)
     stored = store.delete_tree(conversation_id)
     if stored:
@@ -884,7 +911,7 @@ def post_message(
 ) -> tuple[Run, object]:
     """Start a run of a conversation's agent on a user message (a conversation without a task).
 
-    Raises store.ConversationBusy while an action is pending or a run is queued, running or
+    Raises ConversationBusy while an action is pending or a run is queued, running or
     paused. A task's conversation takes a message through `comment(..., origin="message")`.
     """
     run, event = store.start_conversation_run(

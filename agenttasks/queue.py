@@ -3,12 +3,14 @@
 Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
 """
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 logger = logging.getLogger(__name__)
@@ -23,6 +25,60 @@ class DjangoQBackend:
         from django_q.tasks import async_task
 
         async_task(func, *args)
+
+    def job_row(self, func: str, *args) -> dict | None:
+        """Return the broker row of a job when the broker is this database's ORM, else None.
+
+        The caller writes the row in its own transaction, so the job commits with what it runs.
+        """
+        broker = _database_broker()
+        if broker is None:
+            return None
+        from django_q.tasks import async_task
+
+        capture = _capturing_broker()(broker.list_key)
+        async_task(func, *args, broker=capture)  # django-q2 builds and signs the package
+        return {"key": broker.list_key, "payload": capture.payload, "lock": timezone.now()}
+
+
+@functools.cache
+def _database_broker():
+    """django-q2's ORM broker when it uses the database agenttasks writes to, else None."""
+    from django_q.brokers import get_broker
+    from django_q.brokers.orm import ORM
+    from django_q.conf import Conf
+
+    broker = get_broker()
+    return broker if isinstance(broker, ORM) and Conf.ORM == DEFAULT_DB_ALIAS else None
+
+
+@functools.cache
+def _capturing_broker():
+    from django_q.brokers import Broker
+
+    class CapturingBroker(Broker):
+        """A broker that keeps the package it is given instead of sending it."""
+
+        payload = ""
+
+        def enqueue(self, task):
+            self.payload = task
+            return "in-transaction"
+
+    return CapturingBroker
+
+
+def insert_job(job: dict) -> None:
+    """Write a job row from `job_row` (inside the caller's transaction)."""
+    from django_q.models import OrmQ
+
+    OrmQ.objects.using(DEFAULT_DB_ALIAS).create(**job)
+
+
+def job_row(run_id: str) -> dict | None:
+    """The broker row of a run's job, to be written with the run (None: enqueue after commit)."""
+    row = getattr(_backend, "job_row", None)
+    return row(EXECUTE_RUN, run_id) if row is not None else None
 
 
 class RecordingQueue:

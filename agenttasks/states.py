@@ -30,6 +30,22 @@ class RunTrigger(models.TextChoices):
     MESSAGE = "message", "message"
 
 
+class OutcomeStatus(models.TextChoices):
+    """How a run's runtime says it ended (`RunOutcome.status`)."""
+
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+    INPUT_REQUIRED = "input_required", "input required"
+
+
+class TaskKind(models.TextChoices):
+    """The kinds the app itself gives meaning to (any other kind is the site's own)."""
+
+    PLAIN = "", "plain"
+    DELEGATE = "delegate", "delegate"
+
+
 class StopRequest(models.TextChoices):
     NONE = "", "none"
     AFTER_TURN = "after_turn", "after the current turn"

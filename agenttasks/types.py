@@ -65,6 +65,50 @@ class RunOutcome:
 
 
 @dataclass(frozen=True)
+class Ending:
+    """How a finalize settles a task: its terminal status and what it records."""
+
+    status: str  # completed, failed or cancelled
+    summary: str = ""  # kept when empty
+    result: str = ""  # kept when empty
+    error: str = ""  # a failure's error (the result when empty)
+    state: Any = None  # None keeps the task's state
+    task_result: dict | None = None  # the TaskResult to write, if any
+    reason: str = ""  # why it stopped (task.status events carry it)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What `store.end` did: whether it recorded the run's ending, and the task if it settled."""
+
+    recorded: bool
+    task: Any  # the Task as written; None when the finalize lost
+
+
+@dataclass
+class NewTask:
+    """A task to create, with its conversation and first run (`store.create_task`)."""
+
+    agent: str
+    input: str
+    owner: Any = None  # a user, or None for the anonymous principal
+    label: str = ""
+    kind: str = ""
+    state: Any = None
+    inherit: dict = field(default_factory=dict)  # the agent's definition, as it was
+    callback_url: str = ""
+    metadata: dict = field(default_factory=dict)
+    files: list = field(default_factory=list)  # file refs carried by the first message
+    parent_conversation_id: str | None = None  # a spawned task's parent (hidden conversation)
+    parent_run_id: str | None = None
+    depth: int = 1
+    tool_call_id: str = ""
+    delegation_key: str = ""
+    task_id: str | None = None  # None: a fresh id
+    run_id: str | None = None  # None: a fresh id
+
+
+@dataclass(frozen=True)
 class Continuation:
     """The CONTINUE hook's answer: the next run's input, the state, or an error ending."""
 

@@ -14,9 +14,6 @@ from django.utils import timezone
 from . import ids, queue, store
 from .models import Conversation, PendingAction, Run, Task, Wakeup
 from .states import (
-    RUN_ACTIVE,
-    ActionStatus,
-    RunStatus,
     RunTrigger,
     TaskStatus,
     WakeupState,
@@ -93,11 +90,9 @@ def may_wake(conversation: Conversation) -> bool:
     """
     if conversation.deleting_at is not None:
         return False
-    if Run.objects.filter(conversation_id=conversation.id, status__in=RUN_ACTIVE).exists():
+    if Run.objects.active().filter(conversation_id=conversation.id).exists():
         return False
-    return not PendingAction.objects.filter(
-        conversation_id=conversation.id, status=ActionStatus.PENDING
-    ).exists()
+    return not PendingAction.objects.open().filter(conversation_id=conversation.id).exists()
 
 
 def schedule_delivery(conversation_id: str | None) -> None:
@@ -149,23 +144,9 @@ def _wake_conversation(conversation_id: str) -> Run | None:
     owed = _owed(conversation_id)
     if not owed:
         return None
-    text = format_notification(owed)
-    log = store.Log()
-    log.hold(conversation)
-    run = Run.objects.create(
-        conversation=conversation,
-        agent=conversation.agent,
-        trigger=RunTrigger.WAKEUP,
-        input=text,
-        status=RunStatus.QUEUED,
+    run = store.wake_conversation(
+        conversation, format_notification(owed), [w.task_id for w in owed]
     )
-    log.add(
-        conversation_id,
-        "task.notification",
-        {"content": text, "taskIds": [w.task_id for w in owed]},
-        run_id=run.id,
-    )
-    log.flush()
     mark_delivered(owed, run.id)
     return run
 

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection
@@ -49,6 +50,35 @@ def wait_for(predicate, timeout=5.0, interval=0.01, message="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+@contextmanager
+def failing_inserts(table: str):
+    """Make every INSERT into `table` fail inside the database (a fault in the middle of a write).
+
+    A trigger, so it strikes the SQL functions of PostgreSQL as well as the ORM path.
+    """
+    with connection.cursor() as cursor:
+        if on_postgres():
+            cursor.execute(
+                "CREATE OR REPLACE FUNCTION agenttasks_test_fail() RETURNS trigger AS $$ "
+                "BEGIN RAISE EXCEPTION 'injected'; END $$ LANGUAGE plpgsql"
+            )
+            cursor.execute(
+                f"CREATE TRIGGER agenttasks_test_fail BEFORE INSERT ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION agenttasks_test_fail()"
+            )
+        else:
+            cursor.execute(
+                f"CREATE TRIGGER agenttasks_test_fail BEFORE INSERT ON {table} "
+                "BEGIN SELECT RAISE(ABORT, 'injected'); END"
+            )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            suffix = f" ON {table}" if on_postgres() else ""
+            cursor.execute(f"DROP TRIGGER agenttasks_test_fail{suffix}")
 
 
 def run_threads(target, count, *args):

@@ -10,7 +10,8 @@ from django.test.utils import override_settings
 
 from agenttasks import callbacks, lifecycle, store
 from agenttasks.callbacks import CallbackURLError
-from agenttasks.models import Event
+from agenttasks.models import Event, Task
+from agenttasks.types import NewTask
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,7 +42,7 @@ def ended(user, status, url, error=""):
         task = lifecycle.create(owner=user, agent_id="echo", input="x", callback_url=url)
     store.claim(task.run_id, "w")
     store.finalize(task.id, task.run_id, status, result=error or "ok", error=error)
-    return store.get_task(task.id)
+    return Task.objects.read(task.id)
 
 
 def outcome_events(task):
@@ -103,7 +104,7 @@ def test_non_2xx_is_a_failure_without_retry(user, receiver, caplog):
     (event,) = outcome_events(task)
     assert event.type == "callback.failed" and event.data["httpStatus"] == 500
     assert f"Callback failed: task_id={task.id} status=500" in caplog.text
-    assert store.get_task(task.id).status == "completed"
+    assert Task.objects.read(task.id).status == "completed"
 
 
 @override_settings(AGENTTASKS=ALLOW_LOOPBACK)
@@ -182,10 +183,10 @@ def test_guard_at_send(user, resolver, monkeypatch, url, message):
     resolver.answers.update(
         {"localhost": ["127.0.0.1"], "mixed.test": ["93.184.216.34", "10.1.2.3"]}
     )
-    task = store.create_task(owner=user, agent="echo", input="x", callback_url=url)
+    task = store.create_task(NewTask(owner=user, agent="echo", input="x", callback_url=url))
     store.claim(task.run_id)
     store.finalize(task.id, task.run_id, "completed", result="ok")
-    task = store.get_task(task.id)
+    task = Task.objects.read(task.id)
     monkeypatch.setattr(
         callbacks, "_post", lambda *a, **k: pytest.fail("no connection may be made")
     )
@@ -205,7 +206,7 @@ def test_a_dns_answer_that_changes_cannot_reach_a_refused_address(user, resolver
     monkeypatch.setattr(
         callbacks, "_post", lambda *a, **k: pytest.fail("no connection may be made")
     )
-    callbacks.send(task.id, "completed", store.get_task(task.id).version)
+    callbacks.send(task.id, "completed", Task.objects.read(task.id).version)
     (event,) = outcome_events(task)
     assert event.data["error"] == "callbackUrl resolves to a non-public address: 10.0.0.5"
 
@@ -214,13 +215,12 @@ def test_the_connection_goes_to_the_checked_address(user, resolver, receiver):
     # Resolved once at send; the request goes to that address and names the host in Host.
     resolver.answers["cb.test"] = [["127.0.0.1"], ["10.9.9.9"]]
     with override_settings(AGENTTASKS={"CALLBACK_ALLOWED_HOSTS": ["cb.test"]}):
-        task = store.create_task(
-            owner=user, agent="echo", input="x", callback_url=f"http://cb.test:{receiver.port}/cb"
-        )
+        url = f"http://cb.test:{receiver.port}/cb"
+        task = store.create_task(NewTask(owner=user, agent="echo", input="x", callback_url=url))
         store.claim(task.run_id)
         store.finalize(task.id, task.run_id, "completed", result="ok")
         resolver.calls.clear()
-        callbacks.send(task.id, "completed", store.get_task(task.id).version)
+        callbacks.send(task.id, "completed", Task.objects.read(task.id).version)
     assert resolver.calls == ["cb.test"]
     (request,) = receiver.requests
     assert request["headers"]["Host"] == f"cb.test:{receiver.port}"

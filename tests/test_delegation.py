@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from agenttasks import lifecycle, store, wakeups, worker
-from agenttasks.exceptions import ActionPending, NotRetryable, TaskBusy
+from agenttasks.exceptions import ActionPending, ConversationBusy, NotRetryable, TaskBusy
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime import delegation, registry
 from agenttasks.runtime.base import Reply
@@ -660,7 +660,7 @@ def test_a_conversation_run_paused_on_an_escalation_resumes(escalation, user, re
     run_row, _ = lifecycle.post_message(conversation.id, "go")
     run_to_idle(recording_queue)
     assert Run.objects.get(pk=run_row.id).status == "paused"
-    with pytest.raises(store.ConversationBusy):
+    with pytest.raises(ConversationBusy):
         lifecycle.post_message(conversation.id, "are you there?")
     action = PendingAction.objects.get(status="pending")
     assert [a.id for a, _ in delegation.pending_actions(conversation.id)] == [action.id]

@@ -44,7 +44,7 @@ from agenttasks.runtime.base import Reply
 from agenttasks.types import ActionRequest, Continuation, RunOutcome, StopOutcome
 from agenttasks.wakeups import PREFIX
 
-from .conftest import on_postgres, run_threads, wait_for
+from .conftest import failing_inserts, on_postgres, run_threads, wait_for
 from .factories import ConversationFactory, RunFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -268,7 +268,7 @@ def test_7_9_2_a_claim_refuses_a_run_its_task_left(parent, parent_run, recording
     run_id = row(t).run_id
     info = lifecycle.stop(t)
     assert info.status == "cancelled"
-    assert store.claim(run_id, "late-worker") is False
+    assert store.claim(run_id, "late-worker") is None
     run = Run.objects.get(pk=run_id)
     assert run.status == "cancelled" and run.worker == ""
     # Never requeued, however old it gets.
@@ -286,7 +286,7 @@ def test_7_9_2_a_queued_run_left_by_a_retry_is_cancelled_by_its_late_claim(paren
     stale = Run.objects.create(
         conversation_id=row(t).conversation_id, task_id=t, agent="worker", trigger="retry"
     )
-    assert store.claim(stale.id, "w1") is False
+    assert store.claim(stale.id, "w1") is None
     stale.refresh_from_db()
     assert stale.status == "cancelled"
     assert row(t).status == "pending"  # the task's own run is untouched
@@ -414,25 +414,17 @@ def test_7_9_5_legacy_clarification(parent, parent_run, user, signal_log):
         registry.unregister("clarifier")
 
 
-def test_7_9_6_debt_is_atomic_with_the_ending(parent, parent_run, monkeypatch, signal_log):
-    """Through on_run_finished, with real commits: the debt row is written, then the error."""
+def test_7_9_6_debt_is_atomic_with_the_ending(parent, parent_run, signal_log):
+    """Through on_run_finished, with real commits: the wake-up insert fails after the status
+    write, and the ending is kept neither."""
     t = spawn(parent, parent_run)
     start(t)
-    real = store._write_debt
-
-    def write_then_explode(task, run_id, status):
-        real(task, run_id, status)
-        assert Wakeup.objects.filter(task_id=task.id).exists()  # inside the transaction
-        raise DatabaseError("injected after the status write")
-
-    monkeypatch.setattr(store, "_write_debt", write_then_explode)
-    with pytest.raises(DatabaseError):
+    with failing_inserts("agenttasks_wakeup"), pytest.raises(DatabaseError):
         finish(t, "completed", text="done")
     task = row(t)
     assert task.status == "running" and task.result == "" and task.finished_at is None
     assert not Wakeup.objects.exists()
     assert signal_log.finished == []
-    monkeypatch.setattr(store, "_write_debt", real)
     task = finish(t, "completed", text="done")
     assert (task.status, task.result) == ("completed", "done")
     wakeup = Wakeup.objects.get()

@@ -308,14 +308,14 @@ def test_7_3_12_no_continuation_after_a_graceful_stop(h):
 
 def test_7_3_13_a_late_pause_in_the_hook_window_does_not_strand_the_row(h, monkeypatch):
     pauses: list = []
-    real_pause = store.mark_input_required
+    real_pause = store.pause
 
     def spy_pause(*args, **kwargs):
         answer = real_pause(*args, **kwargs)
         pauses.append(answer)
         return answer
 
-    monkeypatch.setattr(store, "mark_input_required", spy_pause)
+    monkeypatch.setattr(store, "pause", spy_pause)
     seen: list[str] = []
 
     def pause_then_continue(task, outcome):
@@ -328,7 +328,7 @@ def test_7_3_13_a_late_pause_in_the_hook_window_does_not_strand_the_row(h, monke
     t = h.spawn(state={"step": 1})
     first_run = row(t).run_id
     task = h.finish(t, "completed", text="one")
-    assert pauses == [False]
+    assert pauses == [None]
     assert seen == ["running"]
     assert task.status == "pending" and task.run_id != first_run
     assert task.state == {"step": 2} and task.continuations == 1

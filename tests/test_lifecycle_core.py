@@ -434,7 +434,7 @@ def test_7_1_20_input_required_is_not_terminal(spawn, signal_log):
     action = PendingAction.objects.get(run_id=run_id)
     assert action.status == "pending"
 
-    assert store.reclaim_working(t.id, run_id, action.id, {"status": "approved"})
+    assert store.answer(t.id, run_id, action.id, {"status": "approved"})
     t = row(t)
     assert t.status == "pending"
     assert t.run_id == run_id and t.run.status == "queued"
@@ -535,7 +535,7 @@ def test_7_1_25_a_paused_task_is_claimed_before_anyone_acts_on_the_stop(
     assert action.status == "cancelled"
     assert len(for_task(signal_log.delivered, t)) == 1
 
-    assert lifecycle.resolve_action(action.id, {"status": "approved"}) is False
+    assert lifecycle.resolve_action(action.id, {"status": "approved"}) is None
     action.refresh_from_db()
     assert action.status == "cancelled"
     task = row(t)

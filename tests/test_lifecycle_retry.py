@@ -349,7 +349,7 @@ def test_7_2_13_a_stale_finalize_cannot_end_the_new_attempt(h):
     t = h.spawn()
     old_run = h.fail(t, "flaky").run_id
     lifecycle.retry(t)
-    assert store.finalize(t, old_run, "cancelled") is False
+    assert store.finalize(t, old_run, "cancelled") is None
     assert lifecycle.status(t).status == "working"
     task = h.finish(t, "completed", text="done")
     assert (task.status, task.result) == ("completed", "done")
@@ -383,7 +383,7 @@ def test_7_2_15_a_stop_inside_the_retry_launch_window(h):
     assert info.status == "cancelled"
     task = row(t)
     assert task.run.trigger == "retry" and task.run.status == "cancelled"
-    assert store.claim(task.run_id, "w1") is False
+    assert store.claim(task.run_id, "w1") is None
 
 
 def test_7_2_16_a_teardown_inside_the_spawn_launch_window(h):
@@ -395,7 +395,7 @@ def test_7_2_16_a_teardown_inside_the_spawn_launch_window(h):
     info = lifecycle.spawn(h.P, "worker", "do it", label="job", parent_run=h.R)
     assert info.status == "cancelled"
     assert row(info.task_id).status == "cancelled"
-    assert store.claim(info.run_id, "w1") is False
+    assert store.claim(info.run_id, "w1") is None
 
 
 def test_7_2_17_a_graceful_stop_inside_the_launch_window(h, monkeypatch):

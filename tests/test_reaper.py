@@ -10,6 +10,7 @@ from django_q.models import Schedule
 
 from agenttasks import queue, store
 from agenttasks.models import Run, Task
+from agenttasks.types import NewTask
 
 from .conftest import wait_for
 
@@ -19,7 +20,7 @@ ORPHAN = "The server stopped while the task was running"
 
 
 def orphaned(user):
-    task = store.create_task(owner=user, agent="echo", input="x")
+    task = store.create_task(NewTask(owner=user, agent="echo", input="x"))
     store.claim(task.run_id, "gone")
     Run.objects.filter(pk=task.run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
     return task

@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
@@ -26,8 +26,9 @@ from agenttasks.models import (
     Wakeup,
 )
 from agenttasks.states import LIVE, TERMINAL, TaskStatus
-from agenttasks.types import ActionRequest, RunOutcome, StopOutcome
+from agenttasks.types import ActionRequest, NewTask, RunOutcome, StopOutcome
 
+from .conftest import failing_inserts, on_postgres
 from .factories import ConversationFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
@@ -37,11 +38,12 @@ APPROVAL = ActionRequest(
 )
 
 
-def spawn(parent, **kw):
+def spawn(parent, *, cap=None, **kw):
     kw.setdefault("agent", "worker")
     kw.setdefault("input", "do it")
     kw.setdefault("label", "job")
-    return store.create_task(parent_conversation=parent, owner=parent.owner, **kw)
+    new = NewTask(parent_conversation_id=parent.pk, owner=parent.owner, **kw)
+    return store.create_task(new, parent_cap=cap)
 
 
 def started(parent, **kw):
@@ -91,7 +93,7 @@ class TestCreateTask:
         assert parent.events.get().type == "task.status"
 
     def test_visible_conversation_without_parent(self, user):
-        task = store.create_task(owner=user, agent="worker", input="x" * 80)
+        task = store.create_task(NewTask(owner=user, agent="worker", input="x" * 80))
         assert not task.conversation.hidden and task.conversation.title == ""
         assert task.label == "x" * 60
         assert task.conversation.metadata == {"source": "task", "taskId": task.id}
@@ -111,7 +113,9 @@ class TestCreateTask:
 
     def test_unknown_or_deleting_parent(self, parent):
         with pytest.raises(ConversationNotFound):
-            store.create_task(parent_conversation="conv_nope", agent="worker", input="x")
+            store.create_task(
+                NewTask(parent_conversation_id="conv_nope", agent="worker", input="x")
+            )
         Conversation.objects.filter(pk=parent.pk).update(deleting_at=timezone.now())
         with pytest.raises(ConversationNotFound):
             spawn(parent)
@@ -141,7 +145,7 @@ class TestCreateTask:
         assert not Task.objects.exists() and not Run.objects.filter(task_id=task.id).exists()
         assert not Conversation.objects.filter(pk=task.conversation_id).exists()
         with pytest.raises(TaskNotFound):
-            store.get_task(task.id)
+            Task.objects.read(task.id)
 
 
 # --- claim -----------------------------------------------------------------------------------
@@ -161,14 +165,14 @@ class TestClaim:
     def test_second_delivery_loses(self, parent):
         task = spawn(parent)
         assert store.claim(task.run_id, "w1")
-        assert store.claim(task.run_id, "w2") is False
+        assert store.claim(task.run_id, "w2") is None
         assert reload(task).run.worker == "w1"
 
     def test_a_run_its_task_left_is_cancelled_not_run(self, parent):
         # 7.9.2: a pending task is stopped; a later claim loses and the run never runs.
         task = spawn(parent)
         assert store.finalize(task.id, task.run_id, "cancelled", summary="stopped")
-        assert store.claim(task.run_id, "w1") is False
+        assert store.claim(task.run_id, "w1") is None
         assert reload(task).run.status == "cancelled"
 
     def test_stale_queued_run_is_cancelled_by_housekeeping(self, parent):
@@ -180,7 +184,7 @@ class TestClaim:
             trigger="retry",
             status="queued",
         )
-        assert store.claim(stale.id) is False
+        assert store.claim(stale.id) is None
         stale.refresh_from_db()
         assert stale.status == "cancelled"
 
@@ -191,20 +195,21 @@ class TestClaim:
     def test_taskless_run(self, parent):
         run = Run.objects.create(conversation=parent, agent="default", trigger="message")
         assert store.claim(run.id, "w1").status == "running"
-        assert store.claim(run.id, "w1") is False
+        assert store.claim(run.id, "w1") is None
 
     def test_deleting_conversation_refuses(self, parent):
         task = spawn(parent)
         Conversation.objects.filter(pk=task.conversation_id).update(deleting_at=timezone.now())
-        assert store.claim(task.run_id) is False
+        assert store.claim(task.run_id) is None
 
     @pytest.mark.django_db(transaction=True)
     def test_statement_count(self, user):
-        task = store.create_task(owner=user, agent="worker", input="x")
+        task = store.create_task(NewTask(owner=user, agent="worker", input="x"))
         with CaptureQueriesContext(connection) as captured:
             assert store.claim(task.run_id, "w1")
-        # lock task+conversation+run, UPDATE run, UPDATE task, INSERT events
-        assert len(statements(captured)) == 4, statements(captured)
+        # PostgreSQL: one call of agenttasks_claim_run. The ORM: lock task+conversation+run,
+        # UPDATE run, UPDATE task, INSERT events.
+        assert len(statements(captured)) == (1 if on_postgres() else 4), statements(captured)
 
 
 # --- record_run_end --------------------------------------------------------------------------
@@ -225,7 +230,7 @@ class TestRecordRunEnd:
     def test_second_end_loses(self, parent):
         task = started(parent)
         assert store.record_run_end(task.run_id, RunOutcome(task.run_id, "failed", error="x"))
-        assert store.record_run_end(task.run_id, RunOutcome(task.run_id, "completed")) is False
+        assert store.record_run_end(task.run_id, RunOutcome(task.run_id, "completed")) is None
         assert Run.objects.get(pk=task.run_id).error == "x"
 
     def test_unknown_run(self, db):
@@ -240,7 +245,7 @@ class TestFinalize:
     def test_is_run_bound(self, parent):
         # 7.7.2
         task = started(parent)
-        assert store.finalize(task.id, "run_other", "completed", result="r") is False
+        assert store.finalize(task.id, "run_other", "completed", result="r") is None
         won = store.finalize(
             task.id, task.run_id, "completed", summary="s", result="r", state={"n": 1}
         )
@@ -253,7 +258,7 @@ class TestFinalize:
             {"n": 1},
         )
         assert task.finished_at is not None
-        assert store.finalize(task.id, task.run_id, "failed", result="late") is False
+        assert store.finalize(task.id, task.run_id, "failed", result="late") is None
         assert reload(task).status == "completed"
 
     def test_failed_writes_error_and_debt(self, parent):
@@ -288,7 +293,7 @@ class TestFinalize:
 
     def test_paused_run_and_its_actions_end_with_it(self, parent):
         task = started(parent)
-        assert store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        assert store.pause(task.id, task.run_id, actions=[APPROVAL])
         assert store.finalize(
             task.id, task.run_id, "cancelled", summary="stopped while awaiting approval"
         )
@@ -311,25 +316,19 @@ class TestFinalize:
             store.finalize("task_nope", "run_x", "completed")
 
     def test_no_debt_without_parent_or_for_delegates(self, parent, user):
-        solo = store.create_task(owner=user, agent="worker", input="x")
+        solo = store.create_task(NewTask(owner=user, agent="worker", input="x"))
         store.claim(solo.run_id)
         assert store.finalize(solo.id, solo.run_id, "completed", result="r")
         child = spawn(parent, kind="delegate")
         assert store.finalize(child.id, child.run_id, "failed", result="r")
         assert not Wakeup.objects.exists()
 
-    def test_debt_is_atomic_with_the_ending(self, parent, monkeypatch):
+    def test_debt_is_atomic_with_the_ending(self, parent):
         # 7.9.6: an error after the status write, inside the transaction, keeps neither.
         task = started(parent)
-
-        def explode(*a, **kw):
-            raise RuntimeError("injected")
-
-        monkeypatch.setattr(store, "_task_status", explode)
-        with pytest.raises(RuntimeError):
+        with failing_inserts("agenttasks_wakeup"), pytest.raises(DatabaseError):
             store.finalize(task.id, task.run_id, "completed", result="r")
         assert reload(task).status == "running" and not Wakeup.objects.exists()
-        monkeypatch.undo()
         assert store.finalize(task.id, task.run_id, "completed", result="r")
         assert Wakeup.objects.count() == 1
 
@@ -339,8 +338,9 @@ class TestFinalize:
         store.record_run_end(task.run_id, RunOutcome(task.run_id, "completed", text="ok"))
         with CaptureQueriesContext(connection) as captured:
             assert store.finalize(task.id, task.run_id, "completed", summary="ok", result="ok")
-        # lock task+conversation+run, lock parent, UPDATE task, INSERT wake-up, INSERT events
-        assert len(statements(captured)) == 5, statements(captured)
+        # PostgreSQL: one call of agenttasks_end. The ORM: lock task+conversation+run, lock
+        # parent, UPDATE task, INSERT wake-up, INSERT events.
+        assert len(statements(captured)) == (1 if on_postgres() else 5), statements(captured)
 
 
 # --- retry_claim / release_retry_claim -------------------------------------------------------
@@ -350,7 +350,7 @@ class TestRetryClaim:
     def test_reopens_exactly_one_failed_attempt(self, parent):
         # 7.7.3
         working = spawn(parent)
-        assert store.retry_claim(working.id, ids.new_run_id(), 3, None) is False
+        assert store.retry_claim(working.id, ids.new_run_id(), 3, None) is None
         task = failed(parent, reason="rate limited")
         new_run = ids.new_run_id()
         assert store.retry_claim(task.id, new_run, 3, None)
@@ -374,7 +374,7 @@ class TestRetryClaim:
             assert task.attempt == expected
             store.claim(task.run_id)
             store.finalize(task.id, task.run_id, "failed", result="again")
-        assert store.retry_claim(task.id, ids.new_run_id(), 3, None) is False
+        assert store.retry_claim(task.id, ids.new_run_id(), 3, None) is None
         assert reload(task).attempt == 3
 
     def test_attempt_zero_reads_as_the_first(self, parent):
@@ -387,21 +387,21 @@ class TestRetryClaim:
         task = failed(parent)
         spawn(parent)
         spawn(parent)
-        assert store.retry_claim(task.id, ids.new_run_id(), 3, 2) is False
+        assert store.retry_claim(task.id, ids.new_run_id(), 3, 2) is None
         assert reload(task).status == "failed" and Run.objects.filter(task=task).count() == 1
 
     def test_refuses_a_dying_parent(self, parent):
         # 7.8.7
         task = failed(parent)
         Conversation.objects.filter(pk=parent.pk).update(deleting_at=timezone.now())
-        assert store.retry_claim(task.id, ids.new_run_id(), 3, None) is False
+        assert store.retry_claim(task.id, ids.new_run_id(), 3, None) is None
 
     def test_release_rolls_the_attempt_back(self, parent):
         # 7.7.7
         task = failed(parent)
         run_id = ids.new_run_id()
         assert store.retry_claim(task.id, run_id, 3, None)
-        assert store.release_retry_claim(task.id, "run_foreign", "s", "r") is False
+        assert store.release_retry_claim(task.id, "run_foreign", "s", "r") is None
         assert store.release_retry_claim(
             task.id, run_id, "retry could not start", "retry could not start: x"
         )
@@ -409,7 +409,7 @@ class TestRetryClaim:
         assert (task.status, task.attempt, task.summary) == ("failed", 1, "retry could not start")
         assert task.run.status == "failed"
         assert Wakeup.objects.filter(state="pending").count() == 1
-        assert store.release_retry_claim(task.id, run_id, "s", "r") is False
+        assert store.release_retry_claim(task.id, run_id, "s", "r") is None
         with pytest.raises(TaskNotFound):
             store.release_retry_claim("task_nope", run_id, "s", "r")
 
@@ -421,7 +421,7 @@ class TestAdvance:
     def test_is_run_bound_and_carries_state(self, parent):
         # 7.7.6
         task = started(parent, kind="sequence", state={"step": 1})
-        assert store.advance(task.id, "run_other", ids.new_run_id(), input="next") is False
+        assert store.advance(task.id, "run_other", ids.new_run_id(), input="next") is None
         next_run = ids.new_run_id()
         assert store.advance(task.id, task.run_id, next_run, input="next", state={"step": 2})
         task = reload(task)
@@ -446,11 +446,11 @@ class TestAdvance:
 
     def test_paused_and_terminal_rows_refuse(self, parent):
         paused = started(parent)
-        store.mark_input_required(paused.id, paused.run_id, actions=[APPROVAL])
-        assert store.advance(paused.id, paused.run_id, ids.new_run_id()) is False
+        store.pause(paused.id, paused.run_id, actions=[APPROVAL])
+        assert store.advance(paused.id, paused.run_id, ids.new_run_id()) is None
         done = started(parent)
         store.finalize(done.id, done.run_id, "completed")
-        assert store.advance(done.id, done.run_id, ids.new_run_id()) is False
+        assert store.advance(done.id, done.run_id, ids.new_run_id()) is None
 
 
 # --- mark_input_required / reclaim_working ---------------------------------------------------
@@ -460,24 +460,22 @@ class TestPauseAndResume:
     def test_are_run_bound(self, parent):
         # 7.7.8
         task = started(parent)
-        assert store.mark_input_required(task.id, "run_stale", actions=[APPROVAL]) is False
+        assert store.pause(task.id, "run_stale", actions=[APPROVAL]) is None
         assert reload(task).status == "running" and not PendingAction.objects.exists()
-        assert store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        assert store.pause(task.id, task.run_id, actions=[APPROVAL])
         task = reload(task)
         assert task.status == "waiting_for_input" and task.run.status == "paused"
         action = PendingAction.objects.get()
         assert action.run_id == task.run_id and action.status == "pending"
-        assert (
-            store.reclaim_working(task.id, "run_stale", action.id, {"status": "approved"}) is False
-        )
+        assert store.answer(task.id, "run_stale", action.id, {"status": "approved"}) is None
         action.refresh_from_db()
         assert action.status == "cancelled"  # a stale answer closes the action
 
     def test_the_right_answer_resumes(self, parent):
         task = started(parent)
-        store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        store.pause(task.id, task.run_id, actions=[APPROVAL])
         action = PendingAction.objects.get()
-        assert store.reclaim_working(task.id, task.run_id, action.id, {"status": "approved"})
+        assert store.answer(task.id, task.run_id, action.id, {"status": "approved"})
         task = reload(task)
         assert task.status == "pending" and task.run.status == "queued"
         action.refresh_from_db()
@@ -493,11 +491,11 @@ class TestPauseAndResume:
             tool_call_id="call-2",
             questions=[{"id": "q1", "question": "Which?"}],
         )
-        store.mark_input_required(task.id, task.run_id, actions=[APPROVAL, second])
+        store.pause(task.id, task.run_id, actions=[APPROVAL, second])
         first, other = PendingAction.objects.order_by("tool_call_id")
-        assert store.reclaim_working(task.id, task.run_id, first.id, {"status": "denied"})
+        assert store.answer(task.id, task.run_id, first.id, {"status": "denied"})
         assert reload(task).status == "waiting_for_input"
-        assert store.reclaim_working(
+        assert store.answer(
             task.id,
             task.run_id,
             other.id,
@@ -507,17 +505,15 @@ class TestPauseAndResume:
 
     def test_a_terminal_task_beats_a_late_answer(self, parent):
         task = started(parent)
-        store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        store.pause(task.id, task.run_id, actions=[APPROVAL])
         action = PendingAction.objects.get()
         store.finalize(task.id, task.run_id, "cancelled")
-        assert (
-            store.reclaim_working(task.id, task.run_id, action.id, {"status": "approved"}) is False
-        )
+        assert store.answer(task.id, task.run_id, action.id, {"status": "approved"}) is None
         assert reload(task).status == "cancelled"
 
     def test_legacy_clarification_ends_the_run(self, parent):
         task = started(parent)
-        assert store.mark_input_required(task.id, task.run_id, clarification="Which format?")
+        assert store.pause(task.id, task.run_id, clarification="Which format?")
         task = reload(task)
         assert task.status == "waiting_for_input" and task.run.status == "completed"
         comment = Comment.objects.get()
@@ -531,9 +527,9 @@ class TestPauseAndResume:
 
     def test_unknown_task(self, db):
         with pytest.raises(TaskNotFound):
-            store.mark_input_required("task_nope", "run_x")
+            store.pause("task_nope", "run_x")
         with pytest.raises(TaskNotFound):
-            store.reclaim_working("task_nope", "run_x", "act_x", {"status": "approved"})
+            store.answer("task_nope", "run_x", "act_x", {"status": "approved"})
 
 
 # --- reopen ----------------------------------------------------------------------------------
@@ -563,14 +559,14 @@ class TestReopen:
 
     def test_refuses_live_and_paused_tasks(self, parent):
         task = spawn(parent)
-        assert store.reopen(task.id, ids.new_run_id(), "x") is False
+        assert store.reopen(task.id, ids.new_run_id(), "x") is None
         paused = started(parent)
-        store.mark_input_required(paused.id, paused.run_id, actions=[APPROVAL])
-        assert store.reopen(paused.id, ids.new_run_id(), "x") is False
+        store.pause(paused.id, paused.run_id, actions=[APPROVAL])
+        assert store.reopen(paused.id, ids.new_run_id(), "x") is None
 
     def test_accepts_a_clarification_wait(self, parent):
         task = started(parent)
-        store.mark_input_required(task.id, task.run_id, clarification="Which?")
+        store.pause(task.id, task.run_id, clarification="Which?")
         assert store.reopen(task.id, ids.new_run_id(), "PDF")
         with pytest.raises(TaskNotFound):
             store.reopen("task_nope", ids.new_run_id(), "x")
@@ -619,7 +615,7 @@ class TestFailOrphans:
         orphan = started(parent)
         paused = started(parent)
         fresh = started(parent)
-        store.mark_input_required(paused.id, paused.run_id, actions=[APPROVAL])
+        store.pause(paused.id, paused.run_id, actions=[APPROVAL])
         Run.objects.filter(pk__in=[orphan.run_id, paused.run_id]).update(heartbeat_at=old)
         result = store.fail_orphans()
         assert [t.id for t in result] == [orphan.id] and result[0].status == "failed"
@@ -640,13 +636,13 @@ class TestListingsAndRoundTrips:
     def test_create_and_read_back(self, parent):
         # 7.7.1
         task = spawn(parent, kind="sequence", state={"a": [1, 2.5, None, "é"], "b": {"c": True}})
-        read = store.get_task(task.id)
+        read = Task.objects.read(task.id)
         assert read.kind == "sequence" and read.state == {
             "a": [1, 2.5, None, "é"],
             "b": {"c": True},
         }
         with pytest.raises(TaskNotFound):
-            store.get_task("task_nope")
+            Task.objects.read("task_nope")
         assert Task.objects.get(conversation=task.conversation).id == task.id
 
     def test_every_field_round_trips(self, parent, parent_run):
@@ -657,12 +653,12 @@ class TestListingsAndRoundTrips:
             state={"s": 1},
             inherit={"id": "worker", "tools": ["t"]},
             depth=2,
-            parent_run=parent_run,
+            parent_run_id=parent_run.pk,
             tool_call_id="call-1",
             callback_url="https://example.com/cb",
             metadata={"m": 1},
         )
-        read = store.get_task(task.id)
+        read = Task.objects.read(task.id)
         for field in (
             "agent",
             "input",
@@ -690,11 +686,15 @@ class TestListingsAndRoundTrips:
         second = started(parent)
         third = spawn(parent)
         store.finalize(second.id, second.run_id, "completed")
-        assert {t.id for t in store.live_tasks(parent.id)} == {first.id, third.id}
-        assert [t.id for t in store.tasks_of(parent.id)] == [third.id, second.id, first.id]
+        assert {t.id for t in Task.objects.spawned_from(parent.id).live()} == {first.id, third.id}
+        assert [t.id for t in Task.objects.spawned_from(parent.id).newest_first()] == [
+            third.id,
+            second.id,
+            first.id,
+        ]
         store.discard_spawn(third.id)
         with pytest.raises(TaskNotFound):
-            store.get_task(third.id)
+            Task.objects.read(third.id)
 
     def test_live_listing_matches_terminal(self, parent):
         # 7.8.5
@@ -702,7 +702,7 @@ class TestListingsAndRoundTrips:
             status: TaskFactory(status=status, parent_conversation=parent)
             for status in TaskStatus.values
         }
-        live = {t.id for t in store.live_tasks(parent.id)}
+        live = {t.id for t in Task.objects.spawned_from(parent.id).live()}
         for status, task in made.items():
             assert (task.id in live) == (status not in TERMINAL)
         assert LIVE | TERMINAL == set(TaskStatus.values) and not LIVE & TERMINAL
@@ -721,7 +721,7 @@ class TestListingsAndRoundTrips:
 
     def test_task_without_parent_conversation(self, user):
         # 7.8.9 (adapted; the model tools' side is covered with them)
-        task = store.create_task(owner=user, agent="worker", input="x")
+        task = store.create_task(NewTask(owner=user, agent="worker", input="x"))
         assert Task.objects.get(conversation=task.conversation).id == task.id
         assert task.parent_conversation_id is None
         store.claim(task.run_id)
@@ -738,7 +738,7 @@ class TestDeleteTree:
         store.delete_tree(parent.id)
         assert not Task.objects.filter(pk=task.id).exists()
         fresh = ConversationFactory()
-        assert store.tasks_of(fresh.id) == []
+        assert not Task.objects.spawned_from(fresh.id).exists()
         assert store.fail_orphans() == []
 
     @override_settings(AGENTTASKS={"MAX_DEPTH": 2})

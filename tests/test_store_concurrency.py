@@ -12,7 +12,7 @@ from django.db import connection, transaction
 
 from agenttasks import ids, store
 from agenttasks.models import PendingAction, Run, Task, Wakeup
-from agenttasks.types import ActionRequest
+from agenttasks.types import ActionRequest, NewTask
 
 from .conftest import on_postgres, run_threads
 
@@ -23,7 +23,7 @@ APPROVAL = ActionRequest(kind="approval", tool_name="deploy", tool_call_id="call
 
 def started(parent):
     task = store.create_task(
-        parent_conversation=parent, owner=parent.owner, agent="worker", input="do it"
+        NewTask(parent_conversation_id=parent.pk, owner=parent.owner, agent="worker", input="do it")
     )
     assert store.claim(task.run_id, "w1")
     return Task.objects.get(pk=task.pk)
@@ -77,7 +77,7 @@ def test_retry_claim_under_contention(parent):
 def test_double_delivery_claims_once(parent):
     # lifecycle 7.9.1
     task = store.create_task(
-        parent_conversation=parent, owner=parent.owner, agent="worker", input="x"
+        NewTask(parent_conversation_id=parent.pk, owner=parent.owner, agent="worker", input="x")
     )
     results = run_threads(lambda i: bool(store.claim(task.run_id, f"w{i}")), 2)
     assert results.count(True) == 1, results
@@ -93,7 +93,7 @@ def finalize_or_advance(i, task, next_run):
 def finalize_or_answer(i, task, action):
     if i == 0:
         return bool(store.finalize(task.id, task.run_id, "cancelled"))
-    return bool(store.reclaim_working(task.id, task.run_id, action.id, {"status": "approved"}))
+    return bool(store.answer(task.id, task.run_id, action.id, {"status": "approved"}))
 
 
 @pytest.mark.postgres
@@ -116,7 +116,7 @@ def test_finalize_racing_advance_ends_consistently(parent):
 def test_finalize_racing_reclaim_ends_consistently(parent):
     for _ in range(10):
         task = started(parent)
-        store.mark_input_required(task.id, task.run_id, actions=[APPROVAL])
+        store.pause(task.id, task.run_id, actions=[APPROVAL])
         action = PendingAction.objects.get(run_id=task.run_id)
         results = run_threads(finalize_or_answer, 2, task, action)
         task.refresh_from_db()

@@ -21,7 +21,7 @@ from agenttasks.runtime.task_tools import (
     spawn_tool,
     task_tools,
 )
-from agenttasks.types import RunOutcome
+from agenttasks.types import NewTask, RunOutcome
 
 from .factories import ConversationFactory
 
@@ -512,12 +512,14 @@ def test_ownership_rest_created_task_without_parent(user, parent, name):
 @pytest.mark.parametrize("name", list(OWNED_CALLS))
 def test_ownership_delegate_task(parent, parent_run, name):
     delegate = store.create_task(
-        parent_conversation=parent,
-        owner=parent.owner,
-        agent="worker",
-        input="delegated",
-        kind="delegate",
-        parent_run=parent_run,
+        NewTask(
+            parent_conversation_id=parent.pk,
+            owner=parent.owner,
+            agent="worker",
+            input="delegated",
+            kind="delegate",
+            parent_run_id=parent_run.pk,
+        )
     )
     assert store.claim(delegate.run_id, "w1")
     assert store.finalize(delegate.id, delegate.run_id, "failed", result="boom")

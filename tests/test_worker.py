@@ -7,6 +7,7 @@ from django.test.utils import override_settings
 
 from agenttasks import lifecycle, queue, store
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
+from agenttasks.types import NewTask
 
 from .conftest import wait_for
 from .factories import ConversationFactory
@@ -201,11 +202,13 @@ def test_kill_minus_nine_recovers(start_cluster, user, tmp_path, receiver):
         rest_task = create(user, "gate", callback_url=receiver.url, metadata={"gate": str(gate)})
     parent = ConversationFactory(owner=user, agent="echo")
     spawned = store.create_task(
-        parent_conversation=parent,
-        owner=user,
-        agent="gate",
-        input="held",
-        metadata={"gate": str(gate)},
+        NewTask(
+            parent_conversation_id=parent.pk,
+            owner=user,
+            agent="gate",
+            input="held",
+            metadata={"gate": str(gate)},
+        )
     )
     queue.enqueue_run(spawned.run_id)
     settled(rest_task.id, ("running",))

@@ -14,6 +14,8 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from ..exceptions import ActiveTaskLimit
+
 logger = logging.getLogger("agenttasks.api")
 
 INTERNAL_MESSAGE = "An unexpected error occurred"
@@ -69,11 +71,21 @@ def method_not_allowed(request) -> ApiError:
     )
 
 
+def task_limit(limit: int) -> ApiError:
+    return conflict(
+        "task_limit",
+        f"You already have {limit} active tasks; wait for one to finish",
+        {"limit": limit},
+    )
+
+
 def _translate(exc, context) -> ApiError | None:
     """Map DRF's and Django's exceptions onto the envelope; None for a real fault."""
     request = context.get("request")
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, ActiveTaskLimit):
+        return task_limit(exc.limit)
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         # Always 401 (DRF would answer 403 when the first authenticator sends no challenge).
         message = (

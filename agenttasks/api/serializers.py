@@ -440,7 +440,8 @@ class TaskSerializer(Shape):
     completedAt = serializers.DateTimeField(required=False)
 
     @staticmethod
-    def present(task: Task) -> dict:
+    def present(task: Task, files=None) -> dict:
+        """The task's REST shape; `files` are its File rows when the caller already has them."""
         out = {"id": task.id, "agentId": task.agent}
         if task.owner_id is not None:
             out["userId"] = str(task.owner_id)
@@ -459,7 +460,7 @@ class TaskSerializer(Shape):
         ):
             out["stopRequested"] = StopRequest.AFTER_TURN.value
         _put(out, "callbackUrl", task.callback_url)
-        _put(out, "files", [f.ref() for f in task.files.all()])
+        _put(out, "files", [f.ref() for f in (task.files.all() if files is None else files)])
         out["metadata"] = task.metadata or {}
         out["createdAt"] = iso(task.created_at)
         out["updatedAt"] = iso(task.updated_at)

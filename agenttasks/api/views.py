@@ -32,6 +32,7 @@ from ..conf import app_settings
 from ..exceptions import (
     ActionPending,
     AlreadyFinal,
+    ConversationBusy,
     ConversationNotFound,
     NotRetryable,
     RetryConflict,
@@ -43,14 +44,14 @@ from ..exceptions import (
 )
 from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task
 from ..runtime import registry
-from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, RunStatus, TaskStatus
+from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, RunStatus, TaskKind, TaskStatus
 from . import body, errors, streams
 from . import serializers as s
 from .pagination import SQL_MAX, non_negative, page, page_body, page_params
 from .permissions import IdentityRequired, check_owner, owner_id, user_of
 from .throttling import throttles_for
 
-DELEGATE = store.DELEGATE
+DELEGATE = TaskKind.DELEGATE
 NUMBER = re.compile(r"[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 STATUSES = set(TaskStatus.values)
 ACTION_FILTERS = {*ActionStatus.values, "all"}
@@ -206,18 +207,6 @@ def check_files(agent, uploads, existing: int = 0) -> dict:
     return rules
 
 
-def take_slot(owner_pk, *, already_live: bool = False) -> None:
-    """Lock the principal's slots and refuse one more active task over the limit (409)."""
-    store.lock_principal(owner_pk)
-    limit = app_settings.MAX_ACTIVE_TASKS_PER_USER
-    if limit and not already_live and store.active_count(owner_pk) >= limit:
-        raise errors.conflict(
-            "task_limit",
-            f"You already have {limit} active tasks; wait for one to finish",
-            {"limit": limit},
-        )
-
-
 def task_busy(task: Task) -> errors.ApiError:
     if task.kind == DELEGATE:
         return errors.conflict(
@@ -353,18 +342,21 @@ class TaskListView(ApiView):
             _check_callback_address(data["callback_url"])
         owner = self.principal()
 
+        stored = []
+
         def keep_files(task):
-            store_uploads(
-                uploads,
-                conversation_id=task.conversation_id,
-                owner=owner,
-                rules=rules,
-                task_id=task.id,
-                written=written,
+            stored.extend(
+                store_uploads(
+                    uploads,
+                    conversation_id=task.conversation_id,
+                    owner=owner,
+                    rules=rules,
+                    task_id=task.id,
+                    written=written,
+                )
             )
 
-        with files.kept_only_on_success() as written, transaction.atomic():
-            take_slot(owner_id(request))
+        with files.kept_only_on_success() as written:
             try:
                 task = lifecycle.create(
                     owner=owner,
@@ -378,10 +370,9 @@ class TaskListView(ApiView):
                 )
             except callbacks.CallbackURLError as exc:
                 raise errors.validation(str(exc), "callbackUrl") from None
-            # Read before commit: the run is enqueued only then, so no worker has moved it yet.
-            task = reload_task(task.id)
+        # The answer is built from what was written: no worker has moved it in our copy.
         return Response(
-            {"task": s.TaskSerializer.present(task)},
+            {"task": s.TaskSerializer.present(task, files=stored)},
             status=201,
             headers={"Location": self.location(task.id)},
         )
@@ -537,7 +528,6 @@ def reopen(task_id: str, content: str, *, author, metadata, origin, busy, files=
     refusal = busy(task)
     if refusal is not None:
         raise refusal
-    take_slot(task.owner_id, already_live=task.status in LIVE)
     try:
         return lifecycle.comment(
             task_id, content, author=author, metadata=metadata, origin=origin, files=files
@@ -600,7 +590,6 @@ class TaskRetryView(ApiView):
         s.EmptySerializer.validated(self.body)
         refuse_retry(task)
         with transaction.atomic():
-            take_slot(task.owner_id)
             try:
                 lifecycle.retry(task.id)
             except (NotRetryable, RetryLimit):
@@ -794,7 +783,7 @@ class MessagesView(ApiView):
                     run, event = lifecycle.post_message(
                         conversation.id, data["message"], metadata=data["metadata"], files=refs
                     )
-                except store.ConversationBusy as exc:
+                except ConversationBusy as exc:
                     raise conversation_busy(conversation.id, exc.action_ids, exc.run_id) from None
                 except ConversationNotFound:
                     raise errors.not_found(f"Conversation not found: {conversationId}") from None

@@ -1,13 +1,14 @@
 """The data model: conversations and their event log, tasks, runs, actions, wake-ups, files."""
 
 from .action import PendingAction
-from .conversation import Conversation, Event
+from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
 from .run import Run
 from .task import Comment, Task, TaskResult
 from .wakeup import Wakeup
 
 __all__ = [
+    "RESERVED_METADATA",
     "Comment",
     "Conversation",
     "Event",

@@ -7,6 +7,12 @@ from ..states import ActionKind, ActionStatus
 from ..text import iso
 
 
+class PendingActionQuerySet(models.QuerySet):
+    def open(self):
+        """Actions still waiting for an answer."""
+        return self.filter(status=ActionStatus.PENDING)
+
+
 class PendingAction(models.Model):
     """An approval or a question a run asked, bound to that run."""
 
@@ -60,6 +66,8 @@ class PendingAction(models.Model):
         "on timeout", max_length=8, choices=OnTimeout.choices, default=OnTimeout.DENY
     )
     created_at = models.DateTimeField("created", auto_now_add=True)
+
+    objects = PendingActionQuerySet.as_manager()
 
     class Meta:
         verbose_name = "pending action"

@@ -3,6 +3,15 @@ from django.db import models
 
 from .. import ids
 
+# The metadata keys the server writes on a task's conversation; a client cannot set them.
+RESERVED_METADATA = ("source", "taskId")
+
+
+class ConversationQuerySet(models.QuerySet):
+    def visible(self):
+        """Conversations that are not being deleted."""
+        return self.filter(deleting_at__isnull=True)
+
 
 class Conversation(models.Model):
     """An append-only log of events for one user: a chat, or the transcript of a task."""
@@ -44,6 +53,8 @@ class Conversation(models.Model):
     )
     created_at = models.DateTimeField("created", auto_now_add=True)
     updated_at = models.DateTimeField("updated", auto_now=True)
+
+    objects = ConversationQuerySet.as_manager()
 
     class Meta:
         verbose_name = "conversation"

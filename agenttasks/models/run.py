@@ -1,8 +1,26 @@
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from .. import ids
-from ..states import RunStatus, RunTrigger, StopRequest
+from ..states import RUN_ACTIVE, RunStatus, RunTrigger, StopRequest
+
+
+class RunQuerySet(models.QuerySet):
+    """Runs by the named states the workers, the reaper and the guards ask for."""
+
+    def active(self):
+        """Runs that are queued, running or paused."""
+        return self.filter(status__in=RUN_ACTIVE)
+
+    def lease_expired(self, cutoff):
+        """Running runs not heard from since `cutoff` (their worker is presumed dead)."""
+        silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
+        return self.filter(silent, status=RunStatus.RUNNING)
+
+    def taskless(self):
+        """Runs of a conversation without a task (chat messages and wake-ups)."""
+        return self.filter(task__isnull=True)
 
 
 class Run(models.Model):
@@ -71,6 +89,8 @@ class Run(models.Model):
         "(a paused child keeps spending after its escalation was reported).",
     )
     created_at = models.DateTimeField("created", auto_now_add=True)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         verbose_name = "run"

@@ -4,7 +4,34 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import ids
-from ..states import TaskStatus
+from ..exceptions import TaskNotFound
+from ..states import LIVE, TaskKind, TaskStatus
+
+
+class TaskQuerySet(models.QuerySet):
+    """Tasks by the named states every reader asks for."""
+
+    def visible(self):
+        """Tasks whose conversation tree is not being deleted."""
+        return self.filter(conversation__deleting_at__isnull=True)
+
+    def live(self):
+        """Tasks that are pending, running or waiting for input."""
+        return self.filter(status__in=LIVE)
+
+    def spawned_from(self, conversation_id):
+        """Tasks a conversation spawned, delegates (which their caller drives) excluded."""
+        return self.filter(parent_conversation_id=conversation_id).exclude(kind=TaskKind.DELEGATE)
+
+    def newest_first(self):
+        return self.order_by("-created_at", "-id")
+
+    def read(self, task_id: str) -> "Task":
+        """Read a task with its conversation and current run, or raise TaskNotFound."""
+        task = self.select_related("conversation", "run").filter(pk=task_id).first()
+        if task is None:
+            raise TaskNotFound()
+        return task
 
 
 class Task(models.Model):
@@ -78,6 +105,8 @@ class Task(models.Model):
     updated_at = models.DateTimeField("updated", default=timezone.now)
     started_at = models.DateTimeField("started", null=True, blank=True)
     finished_at = models.DateTimeField("finished", null=True, blank=True)
+
+    objects = TaskQuerySet.as_manager()
 
     class Meta:
         verbose_name = "task"

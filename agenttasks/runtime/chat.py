@@ -19,6 +19,7 @@ import httpx
 from .. import __version__, store
 from ..conf import app_settings
 from ..models import Event, PendingAction, Run
+from ..states import TaskKind
 from ..types import ActionRequest, RunOutcome
 from . import approvals, delegation
 from . import task_tools as background
@@ -83,7 +84,7 @@ def toolset(ctx: RunContext) -> dict[str, Tool]:
         schema = _function(spec.name, spec.description, spec.parameters)
         tools[spec.name] = Tool(spec.name, kind, spec.parameters, schema, spec=spec)
     # A task's own run never gets the four tools (delegates never; others per MAX_DEPTH).
-    is_delegate = ctx.task is not None and ctx.task.kind == store.DELEGATE
+    is_delegate = ctx.task is not None and ctx.task.kind == TaskKind.DELEGATE
     if not is_delegate and background.attachable(ctx.conversation):
         for model_tool in background.task_tools(ctx.conversation, ctx.run, stop_check=ctx.stop_now):
             tools[model_tool.name] = Tool(
@@ -678,7 +679,7 @@ class ChatRun:
                 batch.results[call_id] = ToolResult(problem, is_error=True)
                 continue
             if tool.kind == "task":
-                key = store.delegation_key(str(args["agent"]), str(args["prompt"]))
+                key = delegation.delegation_key(str(args["agent"]), str(args["prompt"]))
                 groups.setdefault(key, []).append((call_id, args))
             elif tool.kind == "ask_user":
                 if not args["question"].strip():

@@ -6,6 +6,7 @@ enqueued. The caller gets one tool message per call: the child's final text, a `
 result, or, when the child pauses for a person, the escalation of its pending action.
 """
 
+import hashlib
 import logging
 import threading
 import time
@@ -17,13 +18,21 @@ from .. import store
 from ..conf import app_settings
 from ..exceptions import TaskError
 from ..models import PendingAction, Run, Task
-from ..states import LIVE, TERMINAL, RunStatus, TaskStatus
+from ..states import LIVE, TERMINAL, RunStatus, TaskKind, TaskStatus
+from ..types import NewTask
 from . import registry
 from .base import BUDGET_PATTERN, CallerLink, RunStopped, ToolResult, Window
 
 logger = logging.getLogger(__name__)
 
-DELEGATE = store.DELEGATE
+DELEGATE = TaskKind.DELEGATE
+
+
+def delegation_key(agent: str, prompt: str) -> str:
+    """Return the SHA-256 key that makes identical `task` calls reattach."""
+    return hashlib.sha256(f"{agent}:{prompt}".encode()).hexdigest()
+
+
 DESCRIPTION_HEAD = (
     "Delegate a subtask to an isolated subagent (it runs on a fresh transcript and returns only "
     "its final answer). Available agents — "
@@ -154,7 +163,7 @@ def call(ctx, budget, call_id: str, args: dict, *, replay: bool = False) -> Call
         _log_refused(ctx, agent_id, "not_in_team")
         listed = ", ".join(sorted(team)) or "none"
         return _refused(f'agent "{agent_id}" is not in this agent\'s team (available: {listed})')
-    key = store.delegation_key(agent_id, prompt)
+    key = delegation_key(agent_id, prompt)
     child = _find(ctx.conversation_id, key)
     if child is not None:
         return _reattach(ctx, budget, call_id, child, replay)
@@ -205,17 +214,18 @@ def _create(ctx, definition, prompt: str, key: str, call_id: str) -> Task:
     """Create the child, its hidden conversation and first run, and `task.delegated`, at once."""
     with transaction.atomic():
         child = store.create_task(
-            parent_conversation=ctx.conversation_id,
-            owner=ctx.user,
-            agent=definition.id,
-            input=prompt,
-            kind=DELEGATE,
-            inherit=definition.snapshot(),
-            depth=ctx.depth + 1,
-            parent_run=ctx.run_id,
-            tool_call_id=call_id,
-            cap=None,
-            delegation_key=key,
+            NewTask(
+                parent_conversation_id=ctx.conversation_id,
+                owner=ctx.user,
+                agent=definition.id,
+                input=prompt,
+                kind=DELEGATE,
+                inherit=definition.snapshot(),
+                depth=ctx.depth + 1,
+                parent_run_id=ctx.run_id,
+                tool_call_id=call_id,
+                delegation_key=key,
+            )
         )
         data = {
             "taskId": child.id,

@@ -111,7 +111,7 @@ def world(alice, as_alice):
     created = as_alice.create(
         "docs", "hello", files=[{"name": "a.txt", "content": b64(b"abc"), "mimeType": "text/plain"}]
     )
-    task = store.get_task(created["id"])
+    task = Task.objects.read(created["id"])
     store.claim(task.run_id, "test")
     lifecycle.on_run_finished(
         task.conversation_id,

@@ -44,7 +44,7 @@ def build(as_alice, alice, count: int) -> dict:
             f"t{i}",
             files=[{"name": f"{i}.txt", "content": b64(b"abc"), "mimeType": "text/plain"}],
         )
-        task = store.get_task(created["id"])
+        task = Task.objects.read(created["id"])
         store.claim(task.run_id, "test")
         lifecycle.on_run_finished(
             task.conversation_id, RunOutcome(task.run_id, "completed", text=f"done {i}")
@@ -52,7 +52,7 @@ def build(as_alice, alice, count: int) -> dict:
         first = first or task
     for i in range(count):
         lifecycle.comment(first.id, f"comment {i}", author=alice)
-        task = store.get_task(first.id)
+        task = Task.objects.read(first.id)
         store.claim(task.run_id, "test")
         lifecycle.on_run_finished(
             task.conversation_id, RunOutcome(task.run_id, "completed", text=f"again {i}")

@@ -1,0 +1,98 @@
+"""The only writer of task and run statuses: every transition is one compare-and-set.
+
+Each transition locks its rows (`select_for_update`, or the locks an UPDATE takes) in the order
+`store.locking` documents, re-checks its predicate (the allowed statuses and the run id the caller
+observed) on the locked rows, writes, appends its events in the same transaction, and answers
+with the row as written, or None when the race was lost. An unknown id raises. On PostgreSQL the
+hot transitions (create, claim, end) are one statement each (`store.postgres`).
+
+- `store.locking`: the locks and the event log;
+- `store.tasks`: task transitions; `store.endings`: a run's ending and the finalize;
+- `store.runs`: conversations and their runs without a task;
+- `store.sweeps`: the reaper's passes; `store.deletion`: deleting a conversation tree;
+- `store.limits`: the user's active-task limit and the parent's cap.
+"""
+
+from .deletion import conversation_tree, delete_tree, mark_deleting
+from .endings import ORPHAN_TEXT, end, finalize, record_run_end, release_retry_claim
+from .limits import active_count, check_active_limit, live_count, lock_principal
+from .locking import Log, append_events, lock_conversation, lock_task
+from .runs import (
+    answer_conversation_run,
+    create_conversation,
+    escalations_open,
+    pending_actions_below,
+    resume_paused,
+    start_conversation_run,
+    stop_conversation_runs,
+    update_conversation,
+    wake_conversation,
+)
+from .sweeps import (
+    conversations_owed,
+    expire_and_cancel,
+    expired_actions,
+    fail_dead_conversation_runs,
+    fail_orphans,
+    requeue_stale,
+    stuck_endings,
+)
+from .tasks import (
+    advance,
+    answer,
+    claim,
+    create_task,
+    discard_spawn,
+    pause,
+    record_progress,
+    reopen,
+    request_stop,
+    retry_claim,
+    retry_prompt,
+)
+
+__all__ = [
+    "ORPHAN_TEXT",
+    "Log",
+    "active_count",
+    "advance",
+    "answer",
+    "answer_conversation_run",
+    "append_events",
+    "check_active_limit",
+    "claim",
+    "conversation_tree",
+    "conversations_owed",
+    "create_conversation",
+    "create_task",
+    "delete_tree",
+    "discard_spawn",
+    "end",
+    "escalations_open",
+    "expire_and_cancel",
+    "expired_actions",
+    "fail_dead_conversation_runs",
+    "fail_orphans",
+    "finalize",
+    "live_count",
+    "lock_conversation",
+    "lock_principal",
+    "lock_task",
+    "mark_deleting",
+    "pause",
+    "pending_actions_below",
+    "record_progress",
+    "record_run_end",
+    "release_retry_claim",
+    "reopen",
+    "request_stop",
+    "requeue_stale",
+    "resume_paused",
+    "retry_claim",
+    "retry_prompt",
+    "start_conversation_run",
+    "stop_conversation_runs",
+    "stuck_endings",
+    "update_conversation",
+    "wake_conversation",
+]

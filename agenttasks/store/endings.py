@@ -1,0 +1,209 @@
+"""How runs end and tasks settle: record a run's ending, finalize its task, or both at once.
+
+`end` is the one finalize of the app: a run's ending reported by its worker, a stop, the
+reaper's orphans, a lapsed action and a retry that could not start all go through it. On
+PostgreSQL it is one statement (the `agenttasks_end` SQL function); elsewhere the same steps run
+through the ORM in one transaction.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from ..models import Run, Task
+from ..states import (
+    LIVE,
+    RUN_ENDED,
+    OutcomeStatus,
+    RunStatus,
+    StopRequest,
+    TaskStatus,
+)
+from ..types import Ended, Ending, RunOutcome
+from . import postgres
+from .locking import Log, hold_task, lock_run, lock_task, run_finished, task_status
+from .rows import (
+    cancel_open_actions,
+    create_actions,
+    end_run,
+    owes_wakeup,
+    save_task,
+    usage_counts,
+    write_debt,
+    write_result,
+)
+
+ORPHAN_TEXT = "The server stopped while the task was running"
+
+
+def end(
+    task_id: str,
+    run_id: str,
+    ending: Ending,
+    *,
+    outcome: RunOutcome | None = None,
+    after_turn: Ending | None = None,
+    lease_cutoff=None,
+    rollback_attempt: bool = False,
+) -> Ended:
+    """Record how the run ended (with `outcome`) and settle its task with `ending`.
+
+    - The finalize is bound to the run: it loses unless the task is live on `run_id`.
+    - `after_turn` replaces `ending` when the run was asked to stop after its turn.
+    - `lease_cutoff` makes it the reaper's: only a running run silent since then is ended.
+    - `rollback_attempt` gives back the attempt of a retry whose run could not start.
+    """
+    if postgres.enabled():
+        return postgres.end(
+            task_id,
+            run_id,
+            ending,
+            outcome=outcome,
+            after_turn=after_turn,
+            lease_cutoff=lease_cutoff,
+            rollback_attempt=rollback_attempt,
+        )
+    now = timezone.now()
+    with transaction.atomic():
+        task = lock_task(task_id)
+        log = Log()
+        ended = _end_locked(
+            log, task, run_id, ending, outcome, after_turn, lease_cutoff, rollback_attempt, now
+        )
+        log.flush()
+    return ended
+
+
+def _end_locked(
+    log, task, run_id, ending, outcome, after_turn, lease_cutoff, rollback_attempt, now
+) -> Ended:
+    if task.run_id != run_id:
+        # The task has moved to another run: only this run's own ending is recorded.
+        recorded = outcome is not None and _record_left_run(log, run_id, outcome, now)
+        return Ended(recorded=recorded, task=None)
+    run = task.run
+    if lease_cutoff is not None and not _orphaned(task, run, lease_cutoff):
+        return Ended(recorded=False, task=None)
+    recorded = outcome is not None and run.status in (RunStatus.RUNNING, RunStatus.PAUSED)
+    if recorded:
+        hold_task(log, task)
+        record_end(log, run, outcome, now)
+    if after_turn is not None and run.stop_request == StopRequest.AFTER_TURN:
+        ending = after_turn
+    won = finalize_locked(log, task, run_id, ending, now, rollback_attempt=rollback_attempt)
+    return Ended(recorded=recorded, task=won)
+
+
+def _record_left_run(log: Log, run_id: str, outcome: RunOutcome, now) -> bool:
+    run = lock_run(run_id)
+    if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+        return False
+    log.hold(run.conversation)
+    record_end(log, run, outcome, now)
+    return True
+
+
+def _orphaned(task: Task, run: Run, cutoff) -> bool:
+    seen = run.heartbeat_at if run.heartbeat_at is not None else run.started_at
+    return (
+        task.status == TaskStatus.RUNNING
+        and run.status == RunStatus.RUNNING
+        and task.conversation.deleting_at is None
+        and seen is not None
+        and seen < cutoff
+    )
+
+
+def record_end(log: Log, run: Run, outcome: RunOutcome, now) -> None:
+    """Write a locked run's ending: its status, output and usage, and its events."""
+    if run.status == RunStatus.PAUSED and outcome.status != OutcomeStatus.INPUT_REQUIRED:
+        cancel_open_actions(log, run, now)  # a paused run that ends leaves nothing open
+    counts = usage_counts(outcome.usage)
+    if counts is not None:
+        run.usage_known = True
+        run.prompt_tokens, run.completion_tokens, run.total_tokens = counts
+    if outcome.text and outcome.append_message:
+        data = {"content": outcome.text}
+        if counts is not None:
+            data["usage"] = run.usage
+        log.add(
+            run.conversation_id, "message.assistant", data, run_id=run.id, task_id=run.task_id or ""
+        )
+    run.output, run.graceful_stop, run.ended_at = outcome.text, outcome.graceful_stop, now
+    if outcome.status == OutcomeStatus.INPUT_REQUIRED and run.task_id is None:
+        # A conversation run pauses the way `pause` pauses a task's run.
+        run.status, run.ended_at = RunStatus.PAUSED, None
+        create_actions(log, run, outcome.actions, now)
+    elif run.stop_request == StopRequest.NOW:
+        # Told to stop now: whatever it reports afterwards is a late ending, discarded.
+        run.status, run.error = RunStatus.CANCELLED, ""
+        run_finished(log, run)
+    else:
+        run.status = outcome.status if outcome.status in RUN_ENDED else RunStatus.COMPLETED
+        run.error = outcome.error if run.status == RunStatus.FAILED else ""
+        run_finished(log, run)
+    run.save()
+
+
+def finalize_locked(
+    log: Log, task: Task, run_id: str, ending: Ending, now, *, rollback_attempt: bool = False
+) -> Task | None:
+    """Settle a locked task that is live on `run_id`: completed, failed or cancelled."""
+    if task.status not in LIVE or task.run_id != run_id:
+        return None
+    hold_task(log, task)
+    run = task.run
+    failed = ending.status == TaskStatus.FAILED
+    error = (ending.error or ending.result) if failed else ""
+    if run.status in (RunStatus.QUEUED, RunStatus.PAUSED):
+        end_run(log, run, ending.status, now, error=error)
+    elif run.status == RunStatus.RUNNING and run.stop_request != StopRequest.NOW:
+        # Ended from outside (a stop, the reaper, a timeout): the worker aborts.
+        run.stop_request = StopRequest.NOW
+        run.save(update_fields=["stop_request"])
+    previous = task.status
+    task.status = ending.status
+    task.summary = ending.summary or task.summary
+    task.result = ending.result or task.result
+    task.error = error
+    if ending.state is not None:
+        task.state = ending.state
+    task.stop_reason = ending.reason
+    task.finished_at = now
+    fields = ["status", "summary", "result", "error", "state", "stop_reason", "finished_at"]
+    if rollback_attempt:
+        task.attempt = max(task.attempt_no() - 1, 1)
+        fields.append("attempt")
+    save_task(task, fields, now)
+    if ending.task_result is not None:
+        write_result(task, run_id, ending.task_result)
+    if ending.status != TaskStatus.CANCELLED and owes_wakeup(task):
+        write_debt(task, run_id, ending.status)
+    task_status(log, task, previous, ending.reason)
+    return task
+
+
+def finalize(task_id: str, run_id: str, status: str, **fields) -> Task | None:
+    """End a live task on its current run with `Ending(status, **fields)`; None if it lost."""
+    if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
+        raise ValueError(f"finalize needs a terminal status, not {status!r}")
+    return end(task_id, run_id, Ending(status, **fields)).task
+
+
+def record_run_end(run_id: str, outcome: RunOutcome) -> Run | None:
+    """Record how a running (or paused) run ended, leaving its task (if any) as it is."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = lock_run(run_id)
+        if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+            return None
+        log = Log()
+        log.hold(run.conversation)
+        record_end(log, run, outcome, now)
+        log.flush()
+        return run
+
+
+def release_retry_claim(task_id: str, run_id: str, summary: str, result: str) -> Task | None:
+    """Give back a retry whose run could not start: failed again, the attempt rolled back."""
+    ending = Ending(TaskStatus.FAILED, summary=summary, result=result, error=result)
+    return end(task_id, run_id, ending, rollback_attempt=True).task

@@ -1,0 +1,198 @@
+"""Row locks in the documented order, and the event log a transition appends to.
+
+Lock order, always (children before parents, so no two writers wait on each other in a circle):
+the principal's advisory lock (slot-taking writes only); the task; its own conversation; its
+current run; the parent conversation; then actions and wake-ups. A run without a task is guarded
+by its conversation's row, taken before the run's. Inserting an event moves the conversation's
+`last_seq` by a database trigger, so the next seq is read from the conversation row the writer
+holds.
+"""
+
+from collections.abc import Iterable
+
+from django.db import transaction
+
+from ..exceptions import ConversationNotFound, RunNotFound, TaskNotFound
+from ..listen import conversation_key, hub
+from ..models import Conversation, Event, PendingAction, Run, Task
+from ..states import TaskStatus
+
+
+class Log:
+    """Events appended in the current transaction, numbered from the locked conversations."""
+
+    def __init__(self):
+        self.rows: list[Event] = []
+        self._seq: dict[str, int] = {}
+
+    def hold(self, conversation: Conversation) -> None:
+        """Number this conversation's events after its seq (its row must be locked)."""
+        self._seq.setdefault(conversation.id, conversation.last_seq)
+
+    def holds(self, conversation_id: str | None) -> bool:
+        return conversation_id in self._seq
+
+    def add(self, conversation_id: str, type: str, data: dict, *, run_id="", task_id="") -> Event:
+        seq = self._seq[conversation_id] + 1
+        self._seq[conversation_id] = seq
+        event = Event(
+            conversation_id=conversation_id,
+            seq=seq,
+            type=type,
+            run_id=run_id or "",
+            task_id=task_id or "",
+            data=data,
+        )
+        self.rows.append(event)
+        return event
+
+    def flush(self) -> None:
+        if self.rows:
+            Event.objects.bulk_create(self.rows)
+            announce_events({row.conversation_id for row in self.rows})
+            self.rows = []
+
+
+def announce_events(conversation_ids: Iterable[str]) -> None:
+    """Wake this process's stream readers at commit (other processes hear NOTIFY, or poll)."""
+    for conversation_id in conversation_ids:
+        transaction.on_commit(lambda c=conversation_id: hub.publish(conversation_key(c)))
+
+
+# --- locks -----------------------------------------------------------------------------------
+
+
+def _task_rows():
+    return Task.objects.select_related("conversation", "run").select_for_update(
+        no_key=True, of=("self", "conversation", "run")
+    )
+
+
+def lock_task(task_id: str) -> Task:
+    """Lock a task with its conversation and current run (in the caller's transaction)."""
+    while True:
+        task = _task_rows().filter(pk=task_id).first()
+        if task is not None:
+            return task
+        # On PostgreSQL a statement that waited for the lock re-checks the join with the rows it
+        # locked: if the writer it waited for moved the task to a new run, the old run no longer
+        # joins and the task looks absent. A new statement sees the committed state.
+        if not Task.objects.filter(pk=task_id).exists():
+            raise TaskNotFound()
+
+
+def lock_task_of_run(run_id: str) -> Task | None:
+    """Lock the task whose current run this is, with its conversation and run; None if none."""
+    return _task_rows().filter(run_id=run_id).first()
+
+
+def lock_run(run_id: str) -> Run:
+    """Lock a run with its conversation (whose row guards a run that has no task)."""
+    run = (
+        Run.objects.select_related("conversation")
+        .select_for_update(no_key=True, of=("conversation", "self"))
+        .filter(pk=run_id)
+        .first()
+    )
+    if run is None:
+        raise RunNotFound()
+    return run
+
+
+def lock_conversation(conversation_id: str, log: Log | None = None) -> Conversation:
+    """Lock a conversation row; hold it in `log` for numbering its events."""
+    conversation = (
+        Conversation.objects.select_for_update(no_key=True).filter(pk=conversation_id).first()
+    )
+    if conversation is None:
+        raise ConversationNotFound()
+    if log is not None:
+        log.hold(conversation)
+    return conversation
+
+
+def lock_open_action(action_id: str) -> PendingAction | None:
+    """Lock an action that is still pending; None when it is gone or already settled."""
+    return PendingAction.objects.select_for_update().open().filter(pk=action_id).first()
+
+
+def hold_task(log: Log, task: Task, *, parent: bool = True) -> None:
+    """Hold the task's conversation (already locked) and, when asked, lock its parent's."""
+    log.hold(task.conversation)
+    if parent and task.parent_conversation_id and not log.holds(task.parent_conversation_id):
+        parent_row = (
+            Conversation.objects.select_for_update(no_key=True)
+            .filter(pk=task.parent_conversation_id)
+            .first()
+        )
+        if parent_row is not None:
+            log.hold(parent_row)
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+def task_status(log: Log, task: Task, previous: str | None, reason: str = "") -> None:
+    """Append the task.status event to the task's log and mirror it to its parent's."""
+    data = {"taskId": task.id}
+    if previous is not None:
+        data["from"] = previous
+    data.update({"to": task.status, "runId": task.run_id, "attempt": task.attempt_no()})
+    if task.status == TaskStatus.FAILED and task.error:
+        data["error"] = task.error
+    if reason:
+        data["reason"] = reason
+    log.add(task.conversation_id, "task.status", data, run_id=task.run_id, task_id=task.id)
+    if log.holds(task.parent_conversation_id):
+        log.add(
+            task.parent_conversation_id,
+            "task.status",
+            dict(data),
+            run_id=task.run_id,
+            task_id=task.id,
+        )
+
+
+def run_finished(log: Log, run: Run) -> None:
+    """Append the run.finished event of an ended run."""
+    data = {"status": run.status}
+    if run.error:
+        data["error"] = run.error
+    if run.usage is not None:
+        data["usage"] = run.usage
+    log.add(run.conversation_id, "run.finished", data, run_id=run.id, task_id=run.task_id or "")
+
+
+def user_message(
+    log: Log,
+    conversation_id: str,
+    content: str,
+    origin: str,
+    *,
+    run_id="",
+    task_id="",
+    files=None,
+    comment_id=None,
+    metadata=None,
+) -> Event:
+    """Append a message.user event."""
+    data = {"content": content, "origin": origin}
+    if files:
+        data["files"] = files
+    if comment_id:
+        data["commentId"] = comment_id
+    if metadata:
+        data["metadata"] = metadata
+    return log.add(conversation_id, "message.user", data, run_id=run_id, task_id=task_id)
+
+
+def append_events(
+    conversation_id: str, events: Iterable[tuple[str, dict, str, str]]
+) -> list[Event]:
+    """Append (type, data, run_id, task_id) events to a conversation in one short transaction."""
+    with transaction.atomic():
+        log = Log()
+        lock_conversation(conversation_id, log)
+        added = [log.add(conversation_id, t, d, run_id=r, task_id=k) for t, d, r, k in events]
+        log.flush()
+    return added

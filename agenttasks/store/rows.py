@@ -1,0 +1,209 @@
+"""Row writes that several transitions share, each on rows the caller has locked."""
+
+from collections.abc import Iterable
+
+from django.utils import timezone
+
+from ..models import Comment, PendingAction, Run, Task, TaskResult, Wakeup
+from ..states import ActionStatus, RunStatus, RunTrigger, TaskKind, TaskStatus, WakeupState
+from ..types import ActionRequest
+from .locking import Log, run_finished, task_status
+
+RESULT_FIELDS = ["run_id", "content", "partial", "files", "metadata", "usage", "created_at"]
+
+
+def save_task(task: Task, fields: list[str], now) -> None:
+    """Save a locked task's changed fields; every write moves its version (callbacks use it)."""
+    task.updated_at = now
+    task.version += 1
+    task.save(update_fields=[*fields, "updated_at", "version"])
+
+
+def new_run(task: Task, run_id: str, trigger: str, input: str, now) -> Run:
+    """Create the task's next queued run (same attempt as the task)."""
+    return Run.objects.create(
+        id=run_id,
+        conversation_id=task.conversation_id,
+        task_id=task.id,
+        agent=task.agent,
+        trigger=trigger,
+        input=input,
+        attempt=task.attempt_no(),
+        status=RunStatus.QUEUED,
+        queued_at=now,
+    )
+
+
+def move_to_new_run(task: Task, run: Run, now, *more_fields: str) -> None:
+    """Point a task at a new queued run: pending, its last outcome, debt and result cleared."""
+    task.run = run
+    task.status = TaskStatus.PENDING
+    task.summary = task.result = task.error = task.stop_reason = ""
+    task.continuations = 0
+    task.finished_at = task.started_at = None
+    fields = ["run", "status", "summary", "result", "error", "stop_reason", "continuations"]
+    save_task(task, [*fields, "finished_at", "started_at", *more_fields], now)
+    drop_debt(task, now)  # the task is no longer finished: its next ending owes afresh
+    TaskResult.objects.filter(task_id=task.id).delete()
+
+
+def requeue_paused(log: Log, run: Run, now, task: Task | None = None) -> None:
+    """Queue a paused run again under its own id (an answer or a settled child resumed it)."""
+    run.status, run.queued_at = RunStatus.QUEUED, now
+    run.save(update_fields=["status", "queued_at"])
+    if task is not None:
+        task.status = TaskStatus.PENDING
+        save_task(task, ["status"], now)
+        task_status(log, task, TaskStatus.WAITING_FOR_INPUT)
+
+
+def end_run(log: Log, run: Run, status: str, now, error: str = "") -> None:
+    """End a run that is not executing (queued or paused), closing its open actions."""
+    if run.status == RunStatus.PAUSED:
+        cancel_open_actions(log, run, now)
+    run.status, run.ended_at, run.error = status, now, error
+    run.save(update_fields=["status", "ended_at", "error"])
+    run_finished(log, run)
+
+
+def owes_wakeup(task: Task) -> bool:
+    """Whether an ending of this task owes its result to a parent conversation."""
+    return bool(task.parent_conversation_id) and task.kind != TaskKind.DELEGATE
+
+
+def write_debt(task: Task, run_id: str, status: str) -> None:
+    """Record the result this ending owes the parent conversation (a wake-up)."""
+    truncated = len(task.result.encode("utf-8")) > len(task.summary.encode("utf-8"))
+    Wakeup.objects.create(
+        conversation_id=task.parent_conversation_id,
+        task_id=task.id,
+        run_id=run_id,
+        status=status,
+        label=task.label,
+        summary=task.summary,
+        truncated=truncated,
+    )
+
+
+def drop_debt(task: Task, now) -> None:
+    """Drop what the task still owes: it is running again."""
+    Wakeup.objects.filter(task_id=task.id, state=WakeupState.PENDING).update(
+        state=WakeupState.DROPPED, settled_at=now
+    )
+
+
+def result_fields(result: dict, *, partial: bool = False) -> dict:
+    """Return the TaskResult fields of a runtime's result dict."""
+    return {
+        "content": result.get("content") or "",
+        "partial": partial or bool(result.get("partial", False)),
+        "files": result.get("files") or [],
+        "metadata": result.get("metadata") or {},
+        "usage": result.get("usage"),
+    }
+
+
+def write_result(task: Task, run_id: str, result: dict, *, partial: bool = False) -> None:
+    """Write the task's one result, replacing an older one (one upsert statement)."""
+    row = TaskResult(
+        task_id=task.id,
+        run_id=run_id,
+        created_at=timezone.now(),
+        **result_fields(result, partial=partial),
+    )
+    TaskResult.objects.bulk_create(
+        [row], update_conflicts=True, unique_fields=["task"], update_fields=RESULT_FIELDS
+    )
+
+
+def create_actions(
+    log: Log, run: Run, requests: Iterable[ActionRequest], now
+) -> list[PendingAction]:
+    """Create the approvals and questions a pausing run asks, each with its event."""
+    actions = []
+    for request in requests:
+        action = PendingAction.objects.create(
+            conversation_id=run.conversation_id,
+            run=run,
+            task_id=run.task_id,
+            kind=request.kind,
+            tool_name=request.tool_name,
+            tool_call_id=request.tool_call_id,
+            args=request.args,
+            questions=request.questions,
+            prompt=request.prompt,
+            deadline=request.deadline,
+            on_timeout=request.on_timeout,
+        )
+        log.add(
+            run.conversation_id,
+            "action.requested",
+            {"action": action.as_payload()},
+            run_id=run.id,
+            task_id=run.task_id or "",
+        )
+        actions.append(action)
+    return actions
+
+
+def resolve_action(log: Log, action: PendingAction, resolution: dict, now) -> None:
+    """Settle a locked open action with `resolution` (its status and what was decided)."""
+    action.status = resolution["status"]
+    action.decided_at = now
+    action.decided_by = resolution.get("decided_by")
+    action.resolution = {
+        k: v for k, v in resolution.items() if k not in ("status", "decided_by")
+    } or None
+    action.save(update_fields=["status", "decided_at", "decided_by", "resolution"])
+    data = {"actionId": action.id, "kind": action.kind, "status": action.status}
+    if action.decided_by_id is not None:
+        data["decidedBy"] = str(action.decided_by_id)
+    if resolution.get("comment"):
+        data["comment"] = resolution["comment"]
+    if resolution.get("answers") is not None:
+        data["answers"] = resolution["answers"]
+    log.add(
+        action.conversation_id,
+        "action.resolved",
+        data,
+        run_id=action.run_id,
+        task_id=action.task_id or "",
+    )
+
+
+def cancel_open_actions(log: Log, run: Run, now) -> None:
+    """Close every open action of a run that ends (nothing is left to answer)."""
+    actions = list(PendingAction.objects.open().filter(run_id=run.id))
+    for action in actions:
+        action.status, action.decided_at = ActionStatus.CANCELLED, now
+        log.add(
+            action.conversation_id,
+            "action.resolved",
+            {"actionId": action.id, "kind": action.kind, "status": ActionStatus.CANCELLED},
+            run_id=run.id,
+            task_id=action.task_id or "",
+        )
+    if actions:
+        PendingAction.objects.bulk_update(actions, ["status", "decided_at"])
+
+
+def usage_counts(usage: dict | None) -> tuple[int, int, int] | None:
+    """Read (prompt, completion, total) tokens from a runtime's usage, in either spelling."""
+    if not usage:
+        return None
+    prompt = int(usage.get("inputTokens", usage.get("prompt_tokens", 0)) or 0)
+    completion = int(usage.get("outputTokens", usage.get("completion_tokens", 0)) or 0)
+    total = usage.get("totalTokens", usage.get("total_tokens"))
+    return prompt, completion, int(total) if total is not None else prompt + completion
+
+
+def add_comment(task: Task, run_id: str, role: str, content: str, metadata, author=None):
+    """Record a comment on a task (a user's, or the agent's legacy clarification)."""
+    return Comment.objects.create(
+        task=task, role=role, content=content, metadata=metadata, run_id=run_id, author=author
+    )
+
+
+def trigger_name(trigger: str) -> str:
+    """Name a task run's trigger as run.started reports it."""
+    return "create" if trigger == RunTrigger.INITIAL else trigger

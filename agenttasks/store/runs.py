@@ -1,0 +1,238 @@
+"""Conversations and their runs without a task: messages, answers, resumes, wake-ups, stops.
+
+A run without a task is guarded by its conversation's row, locked before the run's.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import ids
+from ..exceptions import ConversationBusy, ConversationNotFound
+from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
+from ..states import ActionStatus, RunStatus, RunTrigger, StopRequest, TaskKind, TaskStatus
+from .locking import (
+    Log,
+    hold_task,
+    lock_conversation,
+    lock_open_action,
+    lock_run,
+    lock_task,
+    user_message,
+)
+from .rows import requeue_paused, resolve_action
+
+_UNSET = object()
+
+
+def create_conversation(*, owner, agent: str, title: str = "", metadata=None) -> Conversation:
+    """Create a visible conversation (no run starts; its first message does that)."""
+    return Conversation.objects.create(
+        owner=owner, agent=agent, title=title or "", metadata=metadata or {}
+    )
+
+
+def update_conversation(conversation_id: str, *, title=_UNSET, metadata=_UNSET) -> Conversation:
+    """Change a conversation's title or client metadata under its row lock.
+
+    `title=""` removes the title. New metadata replaces the client's as a whole; the server's
+    `source` and `taskId` (a task's conversation) are kept whatever it says.
+    """
+    with transaction.atomic():
+        conversation = lock_conversation(conversation_id)
+        if conversation.deleting_at is not None:
+            raise ConversationNotFound()
+        fields = []
+        if title is not _UNSET and (title or "") != conversation.title:
+            conversation.title = title or ""
+            fields.append("title")
+        if metadata is not _UNSET:
+            current = conversation.metadata or {}
+            server = {k: current[k] for k in RESERVED_METADATA if k in current}
+            merged = {**(metadata or {}), **server}
+            if merged != current:
+                conversation.metadata = merged
+                fields.append("metadata")
+        if fields:
+            conversation.save(update_fields=[*fields, "updated_at"])
+    return conversation
+
+
+def start_conversation_run(
+    conversation_id: str,
+    content: str,
+    *,
+    run_id: str | None = None,
+    metadata: dict | None = None,
+    files: list | None = None,
+) -> tuple[Run, Event]:
+    """Start a run of a conversation without a task on a user message, unless it is busy.
+
+    Under the conversation's row lock: not deleting, no pending action, no queued, running or
+    paused run; then the queued run and its message.user event, in one transaction.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        log = Log()
+        conversation = lock_conversation(conversation_id, log)
+        if conversation.deleting_at is not None:
+            raise ConversationNotFound()
+        # Its own actions and those its delegate descendants escalated to it.
+        pending = list(pending_actions_below(conversation_id).values_list("id", flat=True))
+        if pending:
+            raise ConversationBusy(conversation_id, action_ids=pending)
+        active = (
+            Run.objects.active()
+            .filter(conversation_id=conversation_id)
+            .order_by("-created_at", "-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if active:
+            raise ConversationBusy(conversation_id, run_id=active)
+        run = Run.objects.create(
+            id=run_id or ids.new_run_id(),
+            conversation=conversation,
+            agent=conversation.agent,
+            trigger=RunTrigger.MESSAGE,
+            input=content,
+            status=RunStatus.QUEUED,
+            queued_at=now,
+        )
+        event = user_message(
+            log, conversation_id, content, "message", run_id=run.id, files=files, metadata=metadata
+        )
+        log.flush()
+    return run, event
+
+
+def wake_conversation(conversation: Conversation, text: str, task_ids: list[str]) -> Run:
+    """Queue the wake-up run of a locked conversation with its task.notification event."""
+    log = Log()
+    log.hold(conversation)
+    run = Run.objects.create(
+        conversation=conversation,
+        agent=conversation.agent,
+        trigger=RunTrigger.WAKEUP,
+        input=text,
+        status=RunStatus.QUEUED,
+    )
+    data = {"content": text, "taskIds": task_ids}
+    log.add(conversation.id, "task.notification", data, run_id=run.id)
+    log.flush()
+    return run
+
+
+def answer_conversation_run(run_id: str, action_id: str, resolution: dict) -> Run | None:
+    """Settle an action of a paused conversation run; queue the run when none is left open."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = lock_run(run_id)
+        action = lock_open_action(action_id)
+        if action is None:
+            return None
+        log = Log()
+        log.hold(run.conversation)
+        if run.status != RunStatus.PAUSED or action.run_id != run_id:
+            resolve_action(log, action, {"status": ActionStatus.CANCELLED}, now)
+            log.flush()
+            return None
+        resolve_action(log, action, resolution, now)
+        if not held(run):
+            requeue_paused(log, run, now)
+        log.flush()
+        return run
+
+
+def resume_paused(conversation_id: str) -> Task | Run | None:
+    """Resume a conversation's paused latest run once nothing holds it.
+
+    Nothing holds it when it has no pending action of its own and every child it escalated has
+    settled; checked on the locked task (or run) row, so of two children ending at once the later
+    commit sees both endings. The run keeps its id; the caller enqueues it after commit. Returns
+    the task (or, without one, the run) as written, or None when it is not paused or still held.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        task_id = (
+            Task.objects.filter(conversation_id=conversation_id)
+            .values_list("id", flat=True)
+            .first()
+        )
+        if task_id is not None:
+            task = lock_task(task_id)
+            run = task.run
+            if (
+                task.status != TaskStatus.WAITING_FOR_INPUT
+                or run.status != RunStatus.PAUSED
+                or task.conversation.deleting_at is not None
+                or held(run)
+            ):
+                return None
+            log = Log()
+            hold_task(log, task)
+            requeue_paused(log, run, now, task)
+            log.flush()
+            return task
+        conversation = lock_conversation(conversation_id)
+        run = (
+            Run.objects.select_for_update(no_key=True)
+            .taskless()
+            .filter(conversation_id=conversation_id)
+            .order_by("-created_at", "-id")
+            .first()
+        )
+        if (
+            run is None
+            or run.status != RunStatus.PAUSED
+            or conversation.deleting_at is not None
+            or held(run)
+        ):
+            return None
+        requeue_paused(Log(), run, now)
+        return run
+
+
+def stop_conversation_runs(tree: list[str]) -> None:
+    """Stop the runs without a task in a conversation tree: queued and paused ones end now."""
+    now = timezone.now()
+    with transaction.atomic():
+        for run in (
+            Run.objects.select_for_update().taskless().active().filter(conversation_id__in=tree)
+        ):
+            if run.status == RunStatus.RUNNING:
+                run.stop_request = StopRequest.NOW
+                run.save(update_fields=["stop_request"])
+            else:
+                run.status, run.ended_at = RunStatus.CANCELLED, now
+                run.save(update_fields=["status", "ended_at"])
+
+
+# --- what holds a paused run -----------------------------------------------------------------
+
+
+def escalations_open(run: Run) -> bool:
+    """Whether a delegate child this run escalated (`task.escalated`) has not settled yet."""
+    children = Event.objects.filter(
+        conversation_id=run.conversation_id, type="task.escalated", run_id=run.id
+    ).values_list("task_id", flat=True)
+    return Task.objects.filter(pk__in=list(children)).live().exists()
+
+
+def held(run: Run) -> bool:
+    """Whether a paused run still waits: on an action of its own or an escalated child."""
+    return PendingAction.objects.open().filter(run_id=run.id).exists() or escalations_open(run)
+
+
+def pending_actions_below(conversation_id: str):
+    """The pending actions of a conversation and of its delegate descendants, oldest first."""
+    tree, frontier = [conversation_id], [conversation_id]
+    while frontier:
+        frontier = list(
+            Task.objects.filter(parent_conversation_id__in=frontier, kind=TaskKind.DELEGATE)
+            .exclude(conversation_id__in=tree)
+            .values_list("conversation_id", flat=True)
+        )
+        tree.extend(frontier)
+    return (
+        PendingAction.objects.open().filter(conversation_id__in=tree).order_by("created_at", "id")
+    )
