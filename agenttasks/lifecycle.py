@@ -322,6 +322,7 @@ def spawn(
         except Exception as exc:
             store.discard_spawn(task.id, f"could not start: {exc}")
             raise LaunchFailed.spawn(exc) from exc
+        task = _read(task.id)  # the run may have moved on while it was being enqueued
     _updated(task)
     return info(task, agent=agent.name)
 

@@ -47,6 +47,102 @@ def _ensure_database(url: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
+# How the README recommends serving the API in production, and how the benchmarks serve it.
+WEB_WORKERS = 3
+
+
+def serve(port: int, server: str = "gunicorn", env: dict | None = None) -> subprocess.Popen:
+    """Serve the demo site on 127.0.0.1:`port` and wait until it answers.
+
+    gunicorn: WSGI, WEB_WORKERS processes of 4 threads each with persistent connections
+    (CONN_MAX_AGE); uvicorn: ASGI, WEB_WORKERS processes with Django's connection pool.
+    """
+    import httpx
+
+    if server == "gunicorn":
+        command = [
+            "gunicorn",
+            "project.wsgi:application",
+            f"--bind=127.0.0.1:{port}",
+            f"--workers={WEB_WORKERS}",
+            "--worker-class=gthread",
+            "--threads=4",
+        ]
+        extra = {}
+    else:
+        command = [
+            "uvicorn",
+            "project.asgi:application",
+            f"--port={port}",
+            f"--workers={WEB_WORKERS}",
+            "--no-access-log",
+        ]
+        extra = {"DB_POOL": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", *command],
+        cwd=ROOT,
+        env={**os.environ, **extra, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def answers() -> bool:
+        try:
+            return httpx.get(
+                f"http://127.0.0.1:{port}/api/agents/agents", timeout=1
+            ).status_code in (
+                200,
+                401,
+            )
+        except httpx.HTTPError:
+            return False
+
+    wait_until(answers, 30, poll=0.2)
+    return process
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Kill a server or cluster started by the benchmarks, with every process it forked."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def post_tasks(port: int, token: str, n: int, clients: int = 8) -> float:
+    """Create `n` echo tasks through POST /tasks from `clients` threads; return the seconds."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}/api/agents/tasks"
+    headers = {"Authorization": f"Token {token}"}
+    failures: list[str] = []
+    share = n // clients
+
+    def create(offset: int) -> None:
+        with httpx.Client(timeout=60) as client:
+            for i in range(share):
+                answer = client.post(
+                    url, json={"agentId": "echo", "input": f"m{offset + i}"}, headers=headers
+                )
+                if answer.status_code != 201:
+                    failures.append(answer.text)
+
+    threads = [threading.Thread(target=create, args=(k * share,)) for k in range(clients)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise SystemExit(f"{len(failures)} creates failed, e.g. {failures[0]}")
+    return time.monotonic() - started
+
+
+def broker_env(broker: str) -> dict:
+    """The environment that points the demo settings at a django-q2 broker."""
+    return {"Q_BROKER": broker}
+
+
 class Cluster:
     """`manage.py qcluster` on the bench database; knows its workers' pids from its log."""
 
@@ -84,9 +180,7 @@ class Cluster:
             raise SystemExit("the cluster did not start")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop(self.process)
 
 
 def clean() -> None:
@@ -100,6 +194,9 @@ def clean() -> None:
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE IF NOT EXISTS bench_rows (n integer)")
         cursor.execute(f"TRUNCATE bench_rows, {', '.join(tables)} CASCADE")
+    from django_q.brokers import get_broker
+
+    get_broker().purge_queue()
     OrmQ.objects.all().delete()
     QTask.objects.all().delete()
 

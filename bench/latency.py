@@ -80,6 +80,7 @@ def measure(k: int, port: int) -> dict[str, list[float]]:
     from rest_framework.authtoken.models import Token
 
     from agenttasks import lifecycle, queue, store
+    from agenttasks.models import Task
     from agenttasks.types import RunOutcome
 
     clean()
@@ -103,14 +104,14 @@ def measure(k: int, port: int) -> dict[str, list[float]]:
     headers = {"Authorization": f"Token {token}"}
     base = f"http://127.0.0.1:{port}/api/agents"
     commits: list[float] = []
-    finish_run = store.finish_run
+    end = store.end
 
-    def timed_finish_run(*args, **kwargs):
-        won = finish_run(*args, **kwargs)
+    def timed_end(*args, **kwargs):
+        ended = end(*args, **kwargs)
         commits.append(time.time())  # the ending's transaction has just committed
-        return won
+        return ended
 
-    store.finish_run = timed_finish_run
+    store.end = timed_end
     try:
         with (
             queue.use_backend(queue.RecordingQueue(run_jobs=False)),
@@ -142,7 +143,7 @@ def measure(k: int, port: int) -> dict[str, list[float]]:
                 lifecycle.on_run_finished(
                     task.conversation_id,
                     RunOutcome(task.run_id, "completed", text="done"),
-                    task=store.get_task(task.id),
+                    task=Task.objects.read(task.id),
                 )
                 committed = commits[-1]
                 reply = json.loads(waiter.stdout.readline())
@@ -152,6 +153,7 @@ def measure(k: int, port: int) -> dict[str, list[float]]:
                 results["task_status(wait_seconds)"].append(reply["returned"] - committed)
                 results["SSE stream"].append(returned["sse"] - committed)
     finally:
+        store.end = end
         waiter.kill()
         server.kill()
     return results

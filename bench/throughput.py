@@ -1,17 +1,33 @@
 """P1 throughput: N echo tasks end to end through a real cluster, beside bare django-q2 jobs.
 
-Both run on the same PostgreSQL database with the same cluster settings in the same run:
+Both run on the same PostgreSQL database, the same broker and the same cluster settings, in the
+same run:
 - baseline: N django-q2 jobs that each insert one row (first enqueue to last row written);
-- agenttasks: N echo tasks created through the REST API (uvicorn, 8 concurrent clients), first
-  create to last completed.
+- agenttasks: N echo tasks created through the REST API (served as the README recommends, 8
+  concurrent clients), first create to last completed.
 
-    .venv/bin/python bench/throughput.py --n 2000 --workers 2 4
+    .venv/bin/python bench/throughput.py --n 2000 --workers 2 --broker orm
+    .venv/bin/python bench/throughput.py --n 2000 --workers 2 --broker redis
+
+`--broker` must match the Q_BROKER environment this process starts with (run.py sees to it).
 """
 
 import argparse
+import json
+import os
 import time
 
-from common import Cluster, bench_user, clean, setup_django, wait_until
+from common import (
+    Cluster,
+    bench_user,
+    broker_env,
+    clean,
+    post_tasks,
+    serve,
+    setup_django,
+    stop,
+    wait_until,
+)
 
 
 def bare(n: int) -> float:
@@ -29,49 +45,21 @@ def bare(n: int) -> float:
     return n / (wait_until(lambda: count() >= n, 600) - started)
 
 
-def agenttasks(n: int, port: int = 8767, concurrency: int = 8) -> float:
-    """N echo tasks created through the REST API by `concurrency` clients, run by the cluster."""
-    import threading
-
-    import httpx
-    from latency import start_server
+def agenttasks(n: int, port: int = 8767, clients: int = 8) -> float:
+    """N echo tasks created through the REST API by `clients` clients, run by the cluster."""
     from rest_framework.authtoken.models import Token
 
     from agenttasks.models import Task
 
     token = Token.objects.get_or_create(user=bench_user())[0].key
-    server = start_server(port)
-    url = f"http://127.0.0.1:{port}/api/agents/tasks"
-    headers = {"Authorization": f"Token {token}"}
-    failures = []
-
-    def create(count: int, offset: int) -> None:
-        with httpx.Client(timeout=60) as client:
-            for i in range(count):
-                answer = client.post(
-                    url, json={"agentId": "echo", "input": f"m{offset + i}"}, headers=headers
-                )
-                if answer.status_code != 201:
-                    failures.append(answer.text)
-
+    server = serve(port)
     try:
-        share = n // concurrency
-        clients = [
-            threading.Thread(target=create, args=(share, k * share)) for k in range(concurrency)
-        ]
         started = time.monotonic()
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join()
-        if failures:
-            raise SystemExit(f"{len(failures)} creates failed, e.g. {failures[0]}")
-        ended = wait_until(
-            lambda: Task.objects.filter(status="completed").count() >= share * concurrency, 900
-        )
+        post_tasks(port, token, n, clients)
+        ended = wait_until(lambda: Task.objects.filter(status="completed").count() >= n, 900)
     finally:
-        server.kill()
-    return share * concurrency / (ended - started)
+        stop(server)
+    return n / (ended - started)
 
 
 def measure(n: int, workers_list: list[int]) -> list[tuple[int, float, float]]:
@@ -80,9 +68,7 @@ def measure(n: int, workers_list: list[int]) -> list[tuple[int, float, float]]:
         results = []
         for run in (bare, agenttasks):
             clean()
-            # One settings module for the web server and the cluster, as a site keeps it: both
-            # use the connection pool, which each forked worker must not inherit.
-            cluster = Cluster(workers, env={"DB_POOL": "1"})
+            cluster = Cluster(workers)
             try:
                 results.append(run(n))
             finally:
@@ -96,11 +82,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, default=2000)
-    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2])
+    parser.add_argument("--broker", choices=["orm", "redis"], default="orm")
+    parser.add_argument("--json", action="store_true", help="print one JSON line (run.py)")
     args = parser.parse_args()
+    os.environ.update(broker_env(args.broker))
     setup_django()
     rows = measure(args.n, args.workers)
-    print(f"\nP1 throughput, N={args.n}, PostgreSQL, ORM broker")
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"\nP1 throughput, N={args.n}, PostgreSQL, {args.broker} broker")
     print(
         f"{'workers':>7}  {'bare django-q2 jobs/s':>22}  {'agenttasks tasks/s':>19}  {'ratio':>6}"
     )

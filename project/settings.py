@@ -144,6 +144,12 @@ Q_CLUSTER = {
     "log_level": os.environ.get("Q_LOG_LEVEL", "INFO"),
 }
 
+# Q_BROKER=redis uses django-q2's Redis broker (REDIS_URL) instead of the database; several
+# clusters on several machines then share one Redis and one PostgreSQL.
+if os.environ.get("Q_BROKER") == "redis":
+    del Q_CLUSTER["orm"]
+    Q_CLUSTER["redis"] = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
 AGENTTASKS = {
     "DESCRIBE_STATE": {
         "": "project.agents.describe_state",

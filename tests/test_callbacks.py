@@ -164,7 +164,7 @@ def test_guard_at_create(user, resolver, url, message):
     with pytest.raises(CallbackURLError) as raised:
         lifecycle.create(owner=user, agent_id="echo", input="x", callback_url=url)
     assert str(raised.value) == message
-    assert not store.Task.objects.exists()
+    assert not Task.objects.exists()
 
 
 def test_public_and_allowed_hosts_pass(user, resolver):

@@ -4,6 +4,7 @@ import os
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 
 from agenttasks import forking
@@ -70,6 +71,7 @@ def test_djangos_own_pool_passes_the_check():
 
 
 @pytest.mark.postgres
+@override_settings(AGENTTASKS={"MAX_ACTIVE_TASKS_PER_USER": 0})
 def test_a_cluster_with_the_pooled_settings_completes_every_task(start_cluster, user):
     from agenttasks import lifecycle
 

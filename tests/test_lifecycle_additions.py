@@ -130,7 +130,7 @@ def timed(write):
         return won
     return wrapper
 store.finalize = timed(store.finalize)
-store.finish_run = timed(store.finish_run)  # records the ending and finalizes in one commit
+store.end = timed(store.end)  # records the ending and finalizes in one commit
 print(json.dumps({"ready": os.getpid()}), flush=True)
 for line in sys.stdin:
     command = json.loads(line)

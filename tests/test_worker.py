@@ -173,6 +173,7 @@ def test_duplicate_delivery_executes_once(start_cluster, user, tmp_path):
     assert log.read_text().splitlines() == [task.run_id]
 
 
+@override_settings(AGENTTASKS={"MAX_ACTIVE_TASKS_PER_USER": 0})
 def test_throughput_smoke(start_cluster, user):
     start_cluster(workers=2)
     ids = [create(user, "echo", f"m{i}").id for i in range(200)]
