@@ -4,8 +4,8 @@ import os
 
 import pytest
 from django.db import connection
-from django.test import override_settings
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
+from django.test import override_settings
 
 from agenttasks import forking
 from agenttasks.checks import check_fork_safety, unresettable_pools
