@@ -916,7 +916,11 @@ def post_message(
     paused. A task's conversation takes a message through `comment(..., origin="message")`.
     """
     run, event = store.start_conversation_run(
-        conversation_id, content, metadata=metadata, files=files
+        conversation_id,
+        content,
+        metadata=metadata,
+        files=files,
+        owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
     )
     _launch_durable(run.id)
     return run, event

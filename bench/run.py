@@ -1,17 +1,49 @@
-"""`make bench`: every benchmark in one run on PostgreSQL, printed as one table.
+"""`make bench`: every benchmark in one run on PostgreSQL, each figure beside its baseline.
 
 .venv/bin/python bench/run.py [--quick]
+
+P1 runs in subprocesses (one per broker: django-q2 reads its broker when it is imported), the
+rest in this process.
 """
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
+import creates
+import inprocess
 import latency
 import list_scale
 import memory
 import statements
-import throughput
 from common import setup_django
+
+HERE = Path(__file__).resolve().parent
+
+
+def throughput(n: int, broker: str) -> tuple[float, float]:
+    """P1 for one broker, in a subprocess: (bare django-q2 jobs/s, agenttasks tasks/s)."""
+    output = subprocess.run(
+        [
+            sys.executable,
+            "throughput.py",
+            f"--n={n}",
+            "--workers=2",
+            f"--broker={broker}",
+            "--json",
+        ],
+        cwd=HERE,
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    ((_, base, ours),) = json.loads(output.strip().splitlines()[-1])
+    return base, ours
 
 
 def main() -> None:
@@ -20,27 +52,48 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="smaller N everywhere (a smoke run)")
     args = parser.parse_args()
-    n, k, scale, memory_n = (
-        (300, 10, 20_000, 2_000) if args.quick else (2_000, 30, 1_000_000, 10_000)
+    n, k, scale, memory_n, steps = (
+        (300, 10, 20_000, 2_000, 100) if args.quick else (2_000, 30, 1_000_000, 10_000, 500)
     )
-    setup_django()
     rows: list[tuple[str, str, str, str]] = []
 
-    for workers, base, ours in throughput.measure(n, [2, 4]):
+    for broker in ("orm", "redis"):
+        base, ours = throughput(n, broker)
         rows.append(
             (
-                f"P1 throughput, {workers} workers, N={n}",
+                f"P1 end to end, {broker} broker, 2 workers, N={n}",
                 f"{ours:.1f} tasks/s",
                 f"bare django-q2 {base:.1f} jobs/s",
                 f"{ours / base:.2f}x (goal >= 0.7x)",
             )
         )
+        print_table(rows)
 
+    setup_django()
+    for step, (ms, count) in inprocess.measure(steps).items():
+        rows.append(
+            (
+                f"In process: {step}, median of {steps}",
+                f"{ms:.2f} ms",
+                f"{count} statements",
+                "goal <= 3 ms",
+            )
+        )
+    rate, base = creates.measure(n)
+    rows.append(
+        (
+            f"POST /tasks, 8 clients, {creates.SERVED}",
+            f"{rate:.0f} creates/s",
+            f"GET /agents {base:.0f}/s",
+            "goal >= 300/s",
+        )
+    )
     print_table(rows)
-    steps = statements.measure()
-    for name, count in steps:
+
+    steps_counted = statements.measure()
+    for name, count in steps_counted:
         rows.append((f"P2 statements: {name}", str(count), "", ""))
-    total = steps[0][1] + steps[1][1] + steps[2][1]
+    total = steps_counted[0][1] + steps_counted[1][1] + steps_counted[2][1]
     rows.append(("P2 statements: create -> claim -> finish", str(total), "", "goal <= 20"))
 
     print_table(rows)

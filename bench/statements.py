@@ -19,8 +19,8 @@ def count(fn) -> int:
 
 def measure() -> list[tuple[str, int]]:
     from agenttasks import lifecycle, queue, store, wakeups
-    from agenttasks.models import Conversation, Run
-    from agenttasks.types import RunOutcome
+    from agenttasks.models import Conversation, Run, Task
+    from agenttasks.types import Ending, RunOutcome
 
     clean()
     user = bench_user()
@@ -40,7 +40,7 @@ def measure() -> list[tuple[str, int]]:
                 "finish: record + finalize, no parent",
                 count(
                     lambda: lifecycle.on_run_finished(
-                        task.conversation_id, outcome, task=store.get_task(task.id)
+                        task.conversation_id, outcome, task=Task.objects.read(task.id)
                     )
                 ),
             )
@@ -54,23 +54,19 @@ def measure() -> list[tuple[str, int]]:
             info = lifecycle.spawn(parent, "echo", "sub")
 
         rows.append(("spawn (model path, parent locked and counted)", count(spawn)))
-        child = store.get_task(info.task_id)
+        child = Task.objects.read(info.task_id)
         rows.append(("claim (spawned)", count(lambda: store.claim(child.run_id, "bench"))))
-        child = store.get_task(child.id)
+        child = Task.objects.read(child.id)
         outcome = RunOutcome(child.run_id, "completed", text="Echo: sub")
         rows.append(
             (
                 "finish with debt: record + finalize, parent",
                 count(
-                    lambda: store.finish_run(
+                    lambda: store.end(
                         child.id,
                         child.run_id,
-                        outcome,
-                        lambda t, r: {
-                            "status": "completed",
-                            "summary": "Echo: sub",
-                            "result": "Echo: sub",
-                        },
+                        Ending("completed", summary="Echo: sub", result="Echo: sub"),
+                        outcome=outcome,
                     )
                 ),
             )

@@ -126,7 +126,8 @@ REST_FRAMEWORK = {
 }
 
 Q_CLUSTER = {
-    "name": "agenttasks",
+    # Every node of one site shares the name: it names the queue and keys the signed jobs.
+    "name": os.environ.get("Q_NAME", "agenttasks"),
     "orm": "default",
     "workers": int(os.environ.get("Q_WORKERS", "2")),
     # django-q2 replaces a worker after this many jobs (the memory benchmark raises it).

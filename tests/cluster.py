@@ -84,6 +84,12 @@ class Cluster:
     def log(self) -> str:
         return "\n".join(self.lines)
 
+    def started_worker_pids(self) -> set[int]:
+        """Every worker process this cluster has started, dead or alive."""
+        return {
+            int(line.rsplit(" ", 1)[1]) for line in list(self.lines) if "ready for work at" in line
+        }
+
     def worker_pids(self) -> list[int]:
         """The live worker processes (django-q2 logs each one it starts, reincarnations too)."""
         pids = []

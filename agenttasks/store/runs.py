@@ -10,6 +10,7 @@ from .. import ids
 from ..exceptions import ConversationBusy, ConversationNotFound
 from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
 from ..states import ActionStatus, RunStatus, RunTrigger, StopRequest, TaskKind, TaskStatus
+from .limits import check_active_limit
 from .locking import (
     Log,
     hold_task,
@@ -64,14 +65,22 @@ def start_conversation_run(
     run_id: str | None = None,
     metadata: dict | None = None,
     files: list | None = None,
+    owner_limit: int = 0,
 ) -> tuple[Run, Event]:
     """Start a run of a conversation without a task on a user message, unless it is busy.
 
     Under the conversation's row lock: not deleting, no pending action, no queued, running or
-    paused run; then the queued run and its message.user event, in one transaction.
+    paused run; then the queued run and its message.user event, in one transaction. Refused
+    (ActiveTaskLimit) when its owner is at `owner_limit` active tasks.
     """
     now = timezone.now()
     with transaction.atomic():
+        owner_id = (
+            Conversation.objects.filter(pk=conversation_id)
+            .values_list("owner_id", flat=True)
+            .first()
+        )
+        check_active_limit(owner_id, owner_limit)
         log = Log()
         conversation = lock_conversation(conversation_id, log)
         if conversation.deleting_at is not None:
