@@ -20,6 +20,7 @@ from ..conftest import wait_for
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.chaos]
 
 SETTINGS = {
+    "MAX_ACTIVE_TASKS_PER_USER": 0,
     "LEASE_TIMEOUT": 4,
     "HEARTBEAT_INTERVAL": 1,
     "REAP_INTERVAL": 1,

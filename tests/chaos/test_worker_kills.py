@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pyt
 
 ORPHAN = store.ORPHAN_TEXT
 SETTINGS = {
+    "MAX_ACTIVE_TASKS_PER_USER": 0,
     "LEASE_TIMEOUT": 4,
     "HEARTBEAT_INTERVAL": 1,
     "REAP_INTERVAL": 1,
