@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from . import lifecycle, store
@@ -27,9 +27,12 @@ logger = logging.getLogger(__name__)
 RECONNECT_WINDOW = 60.0
 
 
+HOST = socket.gethostname()
+
+
 def worker_identity() -> str:
     """Name the claiming process: host, pid and thread."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    return f"{HOST}:{os.getpid()}:{threading.get_ident()}"
 
 
 class Heartbeat:
@@ -142,8 +145,10 @@ def reconnecting(write, *, window: float = RECONNECT_WINDOW):
 
 
 def execute_run(run_id: str) -> None:
-    """Claim a queued run and execute it (the django-q2 job enqueued by queue.py)."""
-    close_old_connections()
+    """Claim a queued run and execute it (the django-q2 job enqueued by queue.py).
+
+    django-q2 closes stale database connections before every job; nothing else is needed here.
+    """
     worker = worker_identity()
     try:
         run = reconnecting(lambda: store.claim(run_id, worker))
@@ -153,10 +158,7 @@ def execute_run(run_id: str) -> None:
     if not run:
         logger.debug("worker.not_claimed run=%s", run_id)
         return
-    try:
-        _drive(run, worker)
-    finally:
-        close_old_connections()
+    _drive(run, worker)
 
 
 def execute_inline(run_id: str, *, depth: int, callers: list) -> bool:

@@ -10,17 +10,20 @@ from django.db import migrations
 FORWARD = r"""
 -- A fresh id like agenttasks.ids: the prefix and 21 characters of the URL-safe alphabet.
 CREATE OR REPLACE FUNCTION agenttasks_new_id(p_prefix text) RETURNS text
-LANGUAGE sql VOLATILE AS $$
-    SELECT p_prefix || translate(
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN p_prefix || translate(
         left(encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'base64'), 21),
-        '+/', '-_')
+        '+/', '-_');
+END
 $$;
 
--- One event, as agenttasks_append takes it.
+-- One event, as agenttasks_append takes it. (STABLE SQL expressions like this one are inlined
+-- into the statements that call them.)
 CREATE OR REPLACE FUNCTION agenttasks_event(
     p_conversation text, p_type text, p_data jsonb, p_run text, p_task text
 ) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'conversation_id', p_conversation, 'type', p_type, 'data', p_data,
         'run_id', coalesce(p_run, ''), 'task_id', coalesce(p_task, ''))
@@ -29,7 +32,8 @@ $$;
 -- Append events to conversations whose rows the caller has locked, numbered after last_seq in
 -- the order given (the event trigger then moves each conversation's last_seq).
 CREATE OR REPLACE FUNCTION agenttasks_append(p_events jsonb, p_now timestamptz) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO agenttasks_event (id, conversation_id, seq, type, run_id, task_id, data, created_at)
     SELECT coalesce(x.event->>'id', agenttasks_new_id('evt_')),
            c.id,
@@ -40,12 +44,13 @@ LANGUAGE sql AS $$
            x.event->'data',
            p_now
       FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(event, n)
-      JOIN agenttasks_conversation c ON c.id = x.event->>'conversation_id'
+      JOIN agenttasks_conversation c ON c.id = x.event->>'conversation_id';
+END
 $$;
 
 -- The usage of a run as events report it, or null when unknown.
 CREATE OR REPLACE FUNCTION agenttasks_usage(r agenttasks_run) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN r.usage_known THEN jsonb_build_object(
         'inputTokens', r.prompt_tokens, 'outputTokens', r.completion_tokens,
         'totalTokens', r.total_tokens) END
@@ -53,7 +58,7 @@ $$;
 
 -- The run.finished event of an ended run.
 CREATE OR REPLACE FUNCTION agenttasks_run_finished(r agenttasks_run) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT agenttasks_event(r.conversation_id, 'run.finished', jsonb_strip_nulls(jsonb_build_object(
         'status', r.status, 'error', nullif(r.error, ''), 'usage', agenttasks_usage(r))),
         r.id, r.task_id)
@@ -63,21 +68,31 @@ $$;
 CREATE OR REPLACE FUNCTION agenttasks_status_events(
     t agenttasks_task, p_previous text, p_reason text
 ) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT jsonb_build_array(agenttasks_event(t.conversation_id, 'task.status', d, t.run_id, t.id))
-        || CASE WHEN t.parent_conversation_id IS NULL THEN '[]'::jsonb ELSE jsonb_build_array(
-            agenttasks_event(t.parent_conversation_id, 'task.status', d, t.run_id, t.id)) END
-      FROM (SELECT jsonb_strip_nulls(jsonb_build_object(
-                'taskId', t.id, 'from', p_previous, 'to', t.status, 'runId', t.run_id,
-                'attempt', greatest(t.attempt, 1),
-                'error', CASE WHEN t.status = 'failed' THEN nullif(t.error, '') END,
-                'reason', nullif(p_reason, ''))) AS d) AS data
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    d jsonb := jsonb_strip_nulls(jsonb_build_object(
+        'taskId', t.id, 'from', p_previous, 'to', t.status, 'runId', t.run_id,
+        'attempt', greatest(t.attempt, 1),
+        'error', CASE WHEN t.status = 'failed' THEN nullif(t.error, '') END,
+        'reason', nullif(p_reason, '')));
+    v_events jsonb := jsonb_build_array(
+        agenttasks_event(t.conversation_id, 'task.status', d, t.run_id, t.id));
+BEGIN
+    IF t.parent_conversation_id IS NOT NULL THEN
+        v_events := v_events || jsonb_build_array(
+            agenttasks_event(t.parent_conversation_id, 'task.status', d, t.run_id, t.id));
+    END IF;
+    RETURN v_events;
+END
 $$;
 
 -- Close the open actions of a run that ends; return their action.resolved events.
 CREATE OR REPLACE FUNCTION agenttasks_cancel_actions(p_run_id text, p_now timestamptz)
 RETURNS jsonb
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_events jsonb;
+BEGIN
     WITH closed AS (
         UPDATE agenttasks_pendingaction SET status = 'cancelled', decided_at = p_now
          WHERE run_id = p_run_id AND status = 'pending'
@@ -86,7 +101,10 @@ LANGUAGE sql AS $$
     SELECT coalesce(jsonb_agg(agenttasks_event(conversation_id, 'action.resolved',
                jsonb_build_object('actionId', id, 'kind', kind, 'status', 'cancelled'),
                p_run_id, task_id) ORDER BY created_at, id), '[]'::jsonb)
-      FROM closed
+      INTO v_events
+      FROM closed;
+    RETURN v_events;
+END
 $$;
 
 -- Record how a locked running or paused run ended; return the events it appends.

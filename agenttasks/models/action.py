@@ -28,6 +28,7 @@ class PendingAction(models.Model):
         on_delete=models.CASCADE,
         related_name="actions",
         verbose_name="conversation",
+        db_index=False,  # agenttasks_action_conv_idx leads with it
     )
     run = models.ForeignKey(
         "agenttasks.Run", on_delete=models.CASCADE, related_name="actions", verbose_name="run"

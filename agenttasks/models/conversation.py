@@ -29,6 +29,7 @@ class Conversation(models.Model):
         on_delete=models.CASCADE,
         related_name="agenttasks_conversations",
         verbose_name="owner",
+        db_index=False,  # agenttasks_conv_owner_idx leads with it
     )
     agent = models.CharField("agent", max_length=64)
     title = models.CharField("title", max_length=200, blank=True)

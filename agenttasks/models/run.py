@@ -34,6 +34,7 @@ class Run(models.Model):
         on_delete=models.CASCADE,
         related_name="runs",
         verbose_name="conversation",
+        db_index=False,  # agenttasks_run_conv_idx leads with it
     )
     task = models.ForeignKey(
         "agenttasks.Task",

@@ -55,6 +55,7 @@ class Task(models.Model):
         on_delete=models.CASCADE,
         related_name="agenttasks_tasks",
         verbose_name="owner",
+        db_index=False,  # agenttasks_task_owner_idx leads with it
     )
     agent = models.CharField("agent", max_length=64)
     input = models.TextField("input")
@@ -76,6 +77,7 @@ class Task(models.Model):
         on_delete=models.CASCADE,
         related_name="spawned_tasks",
         verbose_name="parent conversation",
+        db_index=False,  # agenttasks_task_parent_idx leads with it
     )
     parent_run = models.ForeignKey(
         "agenttasks.Run",
