@@ -1,4 +1,12 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.db.models.signals import pre_delete
+
+
+def _delete_users_work(sender, instance, **kwargs):
+    from . import lifecycle
+
+    lifecycle.delete_owned_by(instance)
 
 
 class AgentTasksConfig(AppConfig):
@@ -16,6 +24,11 @@ class AgentTasksConfig(AppConfig):
 
         # django-q2 forks its workers from a process that may hold pooled connections.
         forking.install_fork_guard()
+
+        # Deleting a user stops their work and removes their files before the rows cascade.
+        pre_delete.connect(
+            _delete_users_work, sender=settings.AUTH_USER_MODEL, dispatch_uid="agenttasks.user"
+        )
 
         # Each django-q2 worker process runs the reaper at start and then every REAP_INTERVAL.
         queue.on_worker_start(reaper.start_ticker)

@@ -843,6 +843,11 @@ def recover() -> list[Task]:
     expire_actions()
     for conversation_id in store.conversations_owed():
         wakeups.deliver_pending(conversation_id)
+    for root in store.interrupted_deletes():
+        try:
+            delete_conversation(root)
+        except Exception:
+            logger.exception("recover.delete_failed conversation=%s", root)
     return orphans
 
 
@@ -865,15 +870,33 @@ def expire_actions(action_ids=None) -> list[str]:
 
 
 def delete_conversation(conversation_id: str) -> None:
-    """Stop and delete a conversation's whole tree; its stored files go after commit."""
-    tree = store.mark_deleting(conversation_id)
-    store.stop_conversation_runs(tree)
-    stop_tree(conversation_id)
-    stored = store.delete_tree(conversation_id)
-    if stored:
-        from . import files
+    """Stop and delete a conversation's whole tree, the bytes of its files included.
 
+    The tree is marked first, so a delete that dies halfway is finished by calling this again (a
+    repeated DELETE does, and so does the reaper). The bytes go before the rows, so none are
+    ever left on disk without a row that leads to them; inside a caller's transaction they go
+    when it commits.
+    """
+    from . import files
+
+    tree = store.mark_deleting(conversation_id)
+    store.stop_runs(tree)
+    stop_tree(conversation_id)
+    stored = store.stored_files(tree)
+    if transaction.get_connection().in_atomic_block:
         files.remove_stored(stored)
+    else:
+        files.remove_now(stored)
+    store.delete_tree(conversation_id)
+
+
+def delete_owned_by(user) -> None:
+    """Delete every conversation tree a user owns, stopping their work (before the user goes)."""
+    roots = Conversation.objects.filter(owner=user, parent__isnull=True).values_list(
+        "id", flat=True
+    )
+    for conversation_id in list(roots):
+        delete_conversation(conversation_id)
 
 
 # --- convenience for site code ---------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""Wake waiters in this process when a task settles or a conversation gets events.
+"""Wake waiters in this process when a task settles, a conversation gets events or a run is
+told to stop.
 
 Writers in this process publish after commit. On PostgreSQL one listener thread per process also
 LISTENs to the notifications the database triggers send at commit, so writes made by any process
-wake waiters at once. Waiters still poll (every 0.25 s at most), so nothing depends on delivery.
+wake waiters at once. It listens only to the channels this process has waiters on: a worker
+process, which waits only for stop requests, is not woken by every event of every conversation.
+Waiters still poll, so nothing depends on delivery.
 """
 
 import logging
@@ -14,7 +17,14 @@ from django.db import connections
 
 logger = logging.getLogger(__name__)
 
-CHANNELS = {"agenttasks_task_ended": "task:", "agenttasks_events": "conv:"}
+# channel -> the prefix of the keys it wakes
+CHANNELS = {
+    "agenttasks_task_ended": "task:",
+    "agenttasks_events": "conv:",
+    "agenttasks_run_stop": "stop:",
+}
+CHANNEL_OF = {prefix: channel for channel, prefix in CHANNELS.items()}
+LISTEN_POLL = 0.2  # seconds between checks for a channel newly asked for
 
 
 def task_key(task_id: str) -> str:
@@ -25,6 +35,10 @@ def conversation_key(conversation_id: str) -> str:
     return "conv:" + conversation_id
 
 
+def stop_key(run_id: str) -> str:
+    return "stop:" + run_id
+
+
 class Hub:
     """A registry of in-process waiters by key, fed locally and by PostgreSQL notifications."""
 
@@ -33,6 +47,7 @@ class Hub:
         self._waiters: dict[str, set[threading.Event]] = defaultdict(set)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._channels: set[str] = set()  # the channels some waiter of this process needs
         self.enabled = True  # tests turn in-process wake-ups off to prove the polling path
 
     @contextmanager
@@ -45,11 +60,17 @@ class Hub:
         finally:
             self.discard(key, event)
 
-    def add(self, key: str, event: threading.Event) -> None:
-        """Set `event` whenever `key` is published, until discarded."""
-        self._ensure_listening()
+    def add(self, key: str, event: threading.Event, *, listen: bool = True) -> None:
+        """Set `event` whenever `key` is published, until discarded.
+
+        `listen=False` takes only this process's own publications, not other processes' writes.
+        """
         with self._lock:
             self._waiters[key].add(event)
+            if listen:
+                self._channels.add(CHANNEL_OF[key.split(":", 1)[0] + ":"])
+        if listen:
+            self._ensure_listening()
 
     def discard(self, key: str, event: threading.Event) -> None:
         with self._lock:
@@ -104,10 +125,12 @@ class Hub:
                 with psycopg.connect(
                     autocommit=True, **{k: v for k, v in params.items() if v}
                 ) as conn:
-                    for channel in CHANNELS:
-                        conn.execute(f"LISTEN {channel}")
+                    listening: set[str] = set()
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
+                        for channel in self._channels - listening:
+                            conn.execute(f"LISTEN {channel}")
+                            listening.add(channel)
+                        for note in conn.notifies(timeout=LISTEN_POLL):
                             self.publish(CHANNELS.get(note.channel, "") + note.payload)
             except Exception:
                 if self._stop.is_set():

@@ -12,13 +12,13 @@ import threading
 from datetime import timedelta
 
 from django.db import close_old_connections
-from django.db.models import Q
 from django.utils import timezone
 
-from . import lifecycle, queue
+from . import lifecycle, queue, store
 from .conf import app_settings
 from .models import PendingAction, Run, Task, Wakeup
-from .states import ActionStatus, RunStatus, TaskStatus, WakeupState
+from .states import RunStatus, TaskStatus, WakeupState
+from .store.sweeps import lease_cutoff
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +40,12 @@ def reap() -> dict:
 def preview() -> dict:
     """Say what a reaper pass would do, changing nothing (`agenttasks_reap --dry-run`)."""
     now = timezone.now()
-    lease = now - timedelta(seconds=app_settings.LEASE_TIMEOUT)
-    expired = Q(run__heartbeat_at__lt=lease) | Q(
-        run__heartbeat_at__isnull=True, run__started_at__lt=lease
-    )
     requeue = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
     return {
         "orphans": list(
-            Task.objects.filter(
-                expired, status=TaskStatus.RUNNING, run__status=RunStatus.RUNNING
-            ).values_list("id", flat=True)
+            Task.objects.visible()
+            .filter(status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(lease_cutoff()))
+            .values_list("id", flat=True)
         ),
         "requeue": list(
             Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=requeue).values_list(
@@ -57,10 +53,9 @@ def preview() -> dict:
             )
         ),
         "expired_actions": list(
-            PendingAction.objects.filter(status=ActionStatus.PENDING, deadline__lt=now).values_list(
-                "id", flat=True
-            )
+            PendingAction.objects.open().filter(deadline__lt=now).values_list("id", flat=True)
         ),
+        "interrupted_deletes": store.interrupted_deletes(),
         "owed_conversations": list(
             Wakeup.objects.filter(state=WakeupState.PENDING)
             .values_list("conversation_id", flat=True)

@@ -16,7 +16,7 @@ from django.utils import timezone
 from . import lifecycle, store
 from .conf import app_settings
 from .exceptions import RunNotFound, TaskNotFound
-from .listen import hub, task_key
+from .listen import hub, stop_key, task_key
 from .models import Run
 from .runtime import registry
 from .runtime.base import RunContext, RunStopped, StopFlag
@@ -79,17 +79,18 @@ class _Beater(threading.Thread):
     def track(self, heartbeat: Heartbeat) -> None:
         with self._lock:
             self._beats[id(heartbeat)] = heartbeat
+        # A stop written by any process (the database notifies it), and a task settled by this
+        # one (published in process: an immediate stop finalizes the task).
+        hub.add(stop_key(heartbeat.run_id), self.wake)
         if heartbeat.task_id:
-            hub.add(task_key(heartbeat.task_id), self.wake)
+            hub.add(task_key(heartbeat.task_id), self.wake, listen=False)
 
     def untrack(self, heartbeat: Heartbeat) -> None:
         with self._lock:
             self._beats.pop(id(heartbeat), None)
-            idle = not self._beats
+        hub.discard(stop_key(heartbeat.run_id), self.wake)
         if heartbeat.task_id:
             hub.discard(task_key(heartbeat.task_id), self.wake)
-        if idle:
-            self.wake.set()  # let the thread give its connection back now
 
     def run(self) -> None:
         while True:

@@ -157,12 +157,13 @@ class ApiView(APIView):
         check_owner(self.request, task.owner_id, "task")
         return task
 
-    def conversation(self, conversation_id: str) -> Conversation:
+    def conversation(self, conversation_id: str, *, deleting: bool = False) -> Conversation:
+        """The conversation named in the path, if the principal owns it (`deleting`: also one
+        whose delete has begun)."""
         if not _plain(conversation_id):
             raise errors.not_found(f"Conversation not found: {conversation_id}")
-        conversation = Conversation.objects.filter(
-            pk=conversation_id, deleting_at__isnull=True
-        ).first()
+        rows = Conversation.objects.all() if deleting else Conversation.objects.visible()
+        conversation = rows.filter(pk=conversation_id).first()
         if conversation is None:
             raise errors.not_found(f"Conversation not found: {conversation_id}")
         check_owner(self.request, conversation.owner_id, "conversation")
@@ -729,7 +730,8 @@ class ConversationView(ApiView):
         responses={204: OpenApiResponse(description="Deleted"), **_errors(400, 403, 404, 415)},
     )
     def delete(self, request, conversationId):
-        conversation = self.conversation(conversationId)
+        # A delete that died halfway left the tree marked: deleting it again finishes it.
+        conversation = self.conversation(conversationId, deleting=True)
         try:
             lifecycle.delete_conversation(conversation.id)
         except ConversationNotFound:

@@ -44,7 +44,11 @@ BEGIN
            x.event->'data',
            p_now
       FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(event, n)
-      JOIN agenttasks_conversation c ON c.id = x.event->>'conversation_id';
+     -- One primary-key lookup per event, never a scan of the conversations (OFFSET 0 keeps the
+     -- planner from turning the lateral lookup into a join).
+     CROSS JOIN LATERAL (
+           SELECT id, last_seq FROM agenttasks_conversation
+            WHERE id = x.event->>'conversation_id' OFFSET 0) AS c;
 END
 $$;
 

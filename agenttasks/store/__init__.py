@@ -13,7 +13,14 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.limits`: the user's active-task limit and the parent's cap.
 """
 
-from .deletion import conversation_tree, delete_tree, mark_deleting
+from .deletion import (
+    conversation_tree,
+    delete_tree,
+    interrupted_deletes,
+    mark_deleting,
+    stop_runs,
+    stored_files,
+)
 from .endings import ORPHAN_TEXT, end, finalize, record_run_end, release_retry_claim
 from .limits import active_count, check_active_limit, live_count, lock_principal
 from .locking import Log, append_events, lock_conversation, lock_task
@@ -24,7 +31,6 @@ from .runs import (
     pending_actions_below,
     resume_paused,
     start_conversation_run,
-    stop_conversation_runs,
     update_conversation,
     wake_conversation,
 )
@@ -73,6 +79,7 @@ __all__ = [
     "expired_actions",
     "fail_dead_conversation_runs",
     "fail_orphans",
+    "interrupted_deletes",
     "finalize",
     "live_count",
     "lock_conversation",
@@ -91,7 +98,8 @@ __all__ = [
     "retry_claim",
     "retry_prompt",
     "start_conversation_run",
-    "stop_conversation_runs",
+    "stop_runs",
+    "stored_files",
     "stuck_endings",
     "update_conversation",
     "wake_conversation",

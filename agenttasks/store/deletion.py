@@ -1,10 +1,15 @@
-"""Deleting a conversation tree: mark it (no new work starts), then delete it in one transaction."""
+"""Deleting a conversation tree: mark it (no new work starts), stop it, then delete it.
+
+The mark is durable: a tree whose delete died halfway stays marked (hidden from every reader and
+counted by no limit) until a repeated delete or the reaper's pass finishes it.
+"""
 
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ..models import Conversation, File, Task, Wakeup
+from ..models import Conversation, File, Run, Task, Wakeup
+from ..states import RunStatus, StopRequest
 from .locking import lock_conversation
 
 
@@ -41,13 +46,36 @@ def mark_deleting(root_id: str) -> list[str]:
     return tree
 
 
-def delete_tree(root_id: str) -> list[str]:
-    """Delete a conversation tree in one transaction; return the storage names of its files."""
+def stop_runs(tree: list[str]) -> None:
+    """Stop every run in a marked tree: running ones are told to stop now, the rest end."""
+    now = timezone.now()
+    with transaction.atomic():
+        runs = Run.objects.active().filter(conversation_id__in=tree)
+        runs.filter(status=RunStatus.RUNNING).update(stop_request=StopRequest.NOW)
+        runs.exclude(status=RunStatus.RUNNING).update(status=RunStatus.CANCELLED, ended_at=now)
+
+
+def stored_files(tree: list[str]) -> list[str]:
+    """The storage names of the files of a conversation tree."""
+    return list(
+        File.objects.filter(conversation_id__in=tree).values_list("storage_name", flat=True)
+    )
+
+
+def interrupted_deletes() -> list[str]:
+    """The roots of marked trees whose delete has not finished (an interrupted delete)."""
+    marked = Conversation.objects.filter(deleting_at__isnull=False)
+    return list(
+        marked.filter(Q(parent__isnull=True) | Q(parent__deleting_at__isnull=True))
+        .order_by("deleting_at")
+        .values_list("id", flat=True)[:100]
+    )
+
+
+def delete_tree(root_id: str) -> None:
+    """Delete a conversation tree's rows in one transaction."""
     with transaction.atomic():
         tree = conversation_tree(root_id)
-        stored = list(
-            File.objects.filter(conversation_id__in=tree).values_list("storage_name", flat=True)
-        )
         Wakeup.objects.filter(
             Q(conversation_id__in=tree) | Q(task__conversation_id__in=tree)
         ).delete()
@@ -55,4 +83,3 @@ def delete_tree(root_id: str) -> list[str]:
             Q(conversation_id__in=tree) | Q(parent_conversation_id__in=tree)
         ).delete()
         Conversation.objects.filter(pk__in=tree).delete()
-    return stored

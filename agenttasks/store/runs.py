@@ -9,7 +9,7 @@ from django.utils import timezone
 from .. import ids
 from ..exceptions import ConversationBusy, ConversationNotFound
 from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
-from ..states import ActionStatus, RunStatus, RunTrigger, StopRequest, TaskKind, TaskStatus
+from ..states import ActionStatus, RunStatus, RunTrigger, TaskKind, TaskStatus
 from .limits import check_active_limit
 from .locking import (
     Log,
@@ -199,21 +199,6 @@ def resume_paused(conversation_id: str) -> Task | Run | None:
             return None
         requeue_paused(Log(), run, now)
         return run
-
-
-def stop_conversation_runs(tree: list[str]) -> None:
-    """Stop the runs without a task in a conversation tree: queued and paused ones end now."""
-    now = timezone.now()
-    with transaction.atomic():
-        for run in (
-            Run.objects.select_for_update().taskless().active().filter(conversation_id__in=tree)
-        ):
-            if run.status == RunStatus.RUNNING:
-                run.stop_request = StopRequest.NOW
-                run.save(update_fields=["stop_request"])
-            else:
-                run.status, run.ended_at = RunStatus.CANCELLED, now
-                run.save(update_fields=["status", "ended_at"])
 
 
 # --- what holds a paused run -----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Leaner writes: fewer indexes to maintain and one conversation update per event INSERT.
+"""Leaner writes: fewer indexes, one conversation update per event INSERT, targeted notifications.
 
 - Foreign keys that lead a composite index lose their own index.
 - PostgreSQL: the `varchar_pattern_ops` copies Django adds to indexed text columns (for LIKE,
@@ -6,6 +6,8 @@
   table, so each one costs on the hot path.
 - PostgreSQL: the event trigger runs once per INSERT statement, not per row: one UPDATE of each
   conversation's `last_seq` and one NOTIFY per conversation however many events are appended.
+- PostgreSQL: a run told to stop notifies `agenttasks_run_stop`, the only channel a worker
+  process listens to (so workers are not woken by every event of every conversation).
 """
 
 import django.db.models.deletion
@@ -27,6 +29,26 @@ END
 $$;
 """
 
+STOP_TRIGGER = """
+CREATE OR REPLACE FUNCTION agenttasks_run_stop_requested() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_notify('agenttasks_run_stop', NEW.id);
+    RETURN NULL;
+END
+$$ LANGUAGE plpgsql;
+
+DROP TRIGGER IF EXISTS agenttasks_run_stop_requested ON agenttasks_run;
+CREATE TRIGGER agenttasks_run_stop_requested
+    AFTER UPDATE OF stop_request ON agenttasks_run
+    FOR EACH ROW WHEN (NEW.stop_request <> '' AND OLD.stop_request IS DISTINCT FROM NEW.stop_request)
+    EXECUTE FUNCTION agenttasks_run_stop_requested();
+"""
+
+NO_STOP_TRIGGER = """
+DROP TRIGGER IF EXISTS agenttasks_run_stop_requested ON agenttasks_run;
+DROP FUNCTION IF EXISTS agenttasks_run_stop_requested();
+"""
+
 STATEMENT_TRIGGER = """
 CREATE OR REPLACE FUNCTION agenttasks_events_appended() RETURNS trigger AS $$
 BEGIN
@@ -43,6 +65,7 @@ $$ LANGUAGE plpgsql;
 
 DROP TRIGGER IF EXISTS agenttasks_event_appended ON agenttasks_event;
 DROP FUNCTION IF EXISTS agenttasks_event_appended();
+DROP TRIGGER IF EXISTS agenttasks_events_appended ON agenttasks_event;
 CREATE TRIGGER agenttasks_events_appended
     AFTER INSERT ON agenttasks_event REFERENCING NEW TABLE AS appended
     FOR EACH STATEMENT EXECUTE FUNCTION agenttasks_events_appended();
@@ -133,4 +156,5 @@ class Migration(migrations.Migration):
         migrations.RunPython(on_sqlite(SQLITE_TRIGGER), on_sqlite(SQLITE_NO_TRIGGER)),
         migrations.RunPython(on_postgres(DROP_LIKE_INDEXES), migrations.RunPython.noop),
         migrations.RunPython(on_postgres(STATEMENT_TRIGGER), on_postgres(ROW_TRIGGER)),
+        migrations.RunPython(on_postgres(STOP_TRIGGER), on_postgres(NO_STOP_TRIGGER)),
     ]
