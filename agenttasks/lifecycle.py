@@ -880,8 +880,8 @@ def delete_conversation(conversation_id: str) -> None:
     from . import files
 
     tree = store.mark_deleting(conversation_id)
-    store.stop_runs(tree)
-    stop_tree(conversation_id)
+    stop_tree(conversation_id)  # its tasks end cancelled, with their events and callbacks
+    store.stop_runs(tree)  # and whatever still runs there stops
     stored = store.stored_files(tree)
     if transaction.get_connection().in_atomic_block:
         files.remove_stored(stored)

@@ -29,8 +29,8 @@ DIE_AFTER_THE_MARK = """
 import os, signal, sys
 import django
 django.setup()
-from agenttasks import lifecycle, store
-store.stop_runs = lambda tree: os.kill(os.getpid(), signal.SIGKILL)
+from agenttasks import lifecycle
+lifecycle.stop_tree = lambda conversation_id: os.kill(os.getpid(), signal.SIGKILL)
 lifecycle.delete_conversation(sys.argv[1])
 """
 
