@@ -141,6 +141,10 @@ class ConversationBusy(TaskError):
         self.action_ids = list(action_ids)
 
 
+class TransitionError(RuntimeError):
+    """A status change the transition table does not allow: a bug, never a lost race."""
+
+
 class StoreError(TaskError):
     @classmethod
     def failing_orphans(cls, cause):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, transaction
 
-from . import ids, queue, signals, store, wakeups
+from . import callbacks, files, ids, queue, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
     ActionPending,
@@ -128,35 +128,33 @@ def _after_commit(fn: Callable[[], None]) -> None:
     transaction.on_commit(fn)
 
 
-def _updated(task: Task) -> None:
+def announce(task: Task) -> None:
+    """Announce a won write after commit, from the task as written (every winning write).
+
+    Waiters wake and `task_updated` is sent; an ending also sends `task_finished` (or, for a
+    cancellation, `result_delivered`), its callback, and the delivery of the result it owes; a
+    pause sends its callback and lets a caller waiting on escalations resume.
+    """
+    _after_commit(lambda: hub.publish(task_key(task.id)))
     _after_commit(lambda: signals.task_updated.send(sender=Task, task=task))
-
-
-def _wake_waiters(task_id: str) -> None:
-    _after_commit(lambda: hub.publish(task_key(task_id)))
-
-
-def _callback(task: Task, status: str) -> None:
-    from . import callbacks
-
-    callbacks.schedule(task, status)
-
-
-def _ended(task: Task) -> None:
-    """The after-commit reports of a won ending (the task is the written snapshot)."""
-    _wake_waiters(task.id)
-    _updated(task)
-    if task.status == TaskStatus.CANCELLED:
-        _after_commit(lambda: signals.result_delivered.send(sender=Task, snapshot=task))
-    else:
-        _after_commit(lambda: signals.task_finished.send(sender=Task, snapshot=task))
-    _callback(task, task.status)
-    if task.status != TaskStatus.CANCELLED and task.kind != DELEGATE:
-        wakeups.schedule_delivery(task.parent_conversation_id)  # the debt this ending wrote
-    if task.kind == DELEGATE:
-        # A caller paused on this child may now resume (delegation.md §4.9).
-        _after_commit(lambda: resume_if_settled(task.parent_conversation_id))
-    _own_run_boundary(task)
+    if task.status in TERMINAL:
+        signal = (
+            signals.result_delivered
+            if task.status == TaskStatus.CANCELLED
+            else signals.task_finished
+        )
+        _after_commit(lambda: signal.send(sender=Task, snapshot=task))
+        callbacks.schedule(task, task.status)
+        if task.status != TaskStatus.CANCELLED and task.kind != DELEGATE:
+            wakeups.schedule_delivery(task.parent_conversation_id)  # the debt this ending wrote
+        if task.kind == DELEGATE:
+            # A caller paused on this child may now resume.
+            _after_commit(lambda: resume_if_settled(task.parent_conversation_id))
+        _own_run_boundary(task)
+    elif task.status == TaskStatus.WAITING_FOR_INPUT:
+        callbacks.schedule(task, task.status)
+        # A child may have settled between its escalation and this pause: check once after it.
+        _after_commit(lambda: resume_if_settled(task.conversation_id))
 
 
 def _own_run_boundary(task: Task) -> None:
@@ -212,8 +210,6 @@ def create(
     """
     agent = registry.get(agent_id)
     if callback_url:
-        from . import callbacks
-
         callbacks.check_syntax(callback_url)
         callbacks.check_address(callback_url)
     run_id = ids.new_run_id()
@@ -241,7 +237,7 @@ def create(
             before_commit(task)
     if job is None:
         _launch_durable(run_id)
-    _updated(task)
+    announce(task)
     return task
 
 
@@ -323,7 +319,7 @@ def spawn(
             store.discard_spawn(task.id, f"could not start: {exc}")
             raise LaunchFailed.spawn(exc) from exc
         task = _read(task.id)  # the run may have moved on while it was being enqueued
-    _updated(task)
+    announce(task)
     return info(task, agent=agent.name)
 
 
@@ -400,12 +396,9 @@ def retry(task_id: str) -> TaskInfo:
             task.id, run_id, full[: app_settings.SUMMARY_LIMIT], full
         )
         if released:
-            _wake_waiters(task.id)
-            _updated(released)
-            _after_commit(lambda: signals.task_finished.send(sender=Task, snapshot=released))
-            wakeups.schedule_delivery(released.parent_conversation_id)
+            announce(released)
         raise LaunchFailed.retry(exc, info=info(_read(task_id))) from exc
-    _updated(won)
+    announce(won)
     return info(_read(task_id))
 
 
@@ -442,7 +435,7 @@ def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
             if outcome is StopOutcome.MOVED:
                 continue
             if outcome is StopOutcome.AFTER_TURN:
-                _updated(task)
+                announce(task)
                 return info(task)
             if outcome is StopOutcome.ALREADY_FINISHED and pass_no == 1:
                 _settle(task)
@@ -452,7 +445,7 @@ def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
                 task.id, task.run_id, TaskStatus.CANCELLED, summary="stopped", reason=reason
             )
         if won:
-            _ended(won)
+            announce(won)
             _stop_children(won)
             return info(_read(task_id))
     return info(_read(task_id))
@@ -551,8 +544,7 @@ def comment(
             raise ActionPending(actions, info=info(task))
         raise TaskBusy(task.status, info=info(task))
     _launch_durable(run_id)
-    _wake_waiters(task.id)
-    _updated(won)
+    announce(won)
     return won.new_comment
 
 
@@ -565,7 +557,7 @@ def resolve_action(action_id: str, resolution: dict):
     if action.task_id is not None:
         won = store.answer(action.task_id, action.run_id, action_id, resolution)
         if won:
-            _updated(won)
+            announce(won)
             if won.status == TaskStatus.PENDING:
                 _launch(won.run_id)
         return won
@@ -692,7 +684,7 @@ def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
 
 def _settled(won, task: Task, run_id: str) -> None:
     if won:
-        _ended(won)
+        announce(won)
     else:
         logger.debug("lifecycle.ending_lost task=%s run=%s", task.id, run_id)
         _own_run_boundary(task)
@@ -712,11 +704,7 @@ def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
     if not won:
         logger.info("lifecycle.pause_lost task=%s run=%s", task.id, run_id)
         return False
-    _wake_waiters(task.id)
-    _updated(won)
-    _callback(won, TaskStatus.WAITING_FOR_INPUT)
-    # A child may have settled between its escalation and this pause: check once after it.
-    _after_commit(lambda: resume_if_settled(task.conversation_id))
+    announce(won)
     return True
 
 
@@ -782,9 +770,9 @@ def _continue(task: Task, run_id: str, outcome: RunOutcome):
             result=text,
         )
         if won:
-            _ended(won)
+            announce(won)
         return None
-    _updated(advanced)
+    announce(advanced)
     return None
 
 
@@ -821,13 +809,7 @@ def recover() -> list[Task]:
     if orphans:
         logger.info("recover.orphans count=%d", len(orphans))
     for task in orphans:
-        signals.task_finished.send(sender=Task, snapshot=task)
-        signals.task_updated.send(sender=Task, task=task)
-        hub.publish(task_key(task.id))
-        _callback(task, TaskStatus.FAILED)
-        wakeups.schedule_delivery(task.parent_conversation_id)
-        if task.kind == DELEGATE:
-            resume_if_settled(task.parent_conversation_id)
+        announce(task)
     for task, outcome in store.stuck_endings():
         try:
             on_run_finished(task.conversation_id, outcome)
@@ -858,7 +840,7 @@ def expire_actions(action_ids=None) -> list[str]:
         if action.on_timeout == "cancel" and action.task_id is not None:
             won = store.expire_and_cancel(action.task_id, action.run_id, action.id)
             if won:
-                _ended(won)
+                announce(won)
         else:
             won = resolve_action(action.id, {"status": ActionStatus.EXPIRED, "on_timeout": "deny"})
         if won:
@@ -877,8 +859,6 @@ def delete_conversation(conversation_id: str) -> None:
     ever left on disk without a row that leads to them; inside a caller's transaction they go
     when it commits.
     """
-    from . import files
-
     tree = store.mark_deleting(conversation_id)
     stop_tree(conversation_id)  # its tasks end cancelled, with their events and callbacks
     store.stop_runs(tree)  # and whatever still runs there stops
@@ -970,6 +950,5 @@ def resume_if_settled(conversation_id: str | None) -> None:
     run_id = won.run_id if isinstance(won, Task) else won.id
     logger.info("delegation.resume_caller run=%s conversation=%s", run_id, conversation_id)
     if isinstance(won, Task):
-        _wake_waiters(won.id)
-        _updated(won)
+        announce(won)
     _launch_durable(run_id)

@@ -522,3 +522,25 @@ def test_7_2_23_retryable_is_about_the_task_not_the_parents_capacity(h):
     with pytest.raises(TaskLimit):
         lifecycle.retry(t)
     assert row(t).status == "failed" and row(t).attempt == 1
+
+
+def test_a_retry_launch_failure_sends_the_callback_of_the_failure(user):
+    """The failure the release writes is announced like any other: its callback is queued."""
+    from agenttasks import queue
+    from agenttasks.types import RunOutcome
+
+    with queue.use_backend(queue.RecordingQueue(run_jobs=False)) as recorded:
+        task = lifecycle.create(
+            owner=user, agent_id="worker", input="x", callback_url="https://93.184.216.34/cb"
+        )
+        store.claim(task.run_id, "w1")
+        lifecycle.on_run_finished(
+            task.conversation_id, RunOutcome(task.run_id, "failed", error="flaky")
+        )
+        recorded.jobs.clear()
+        recorded.fail_with = RuntimeError("queue down")
+        with pytest.raises(LaunchFailed):
+            lifecycle.retry(task.id)
+    released = row(task.id)
+    assert released.status == "failed" and "retry could not start" in released.summary
+    assert ("agenttasks.callbacks.send", (task.id, "failed", released.version)) in recorded.jobs

@@ -2,6 +2,8 @@
 
 from collections import deque
 
+import pytest
+
 from agenttasks import states
 from agenttasks.states import LIVE, TERMINAL, TRANSITIONS, TaskStatus, model_status
 
@@ -49,3 +51,16 @@ def test_model_facing_names():
         "failed",
         "cancelled",
     ]
+
+
+def test_the_store_refuses_a_change_the_table_forbids():
+    from agenttasks.exceptions import TransitionError
+    from agenttasks.models import Task
+    from agenttasks.store.rows import set_status
+
+    task = Task(status=TaskStatus.COMPLETED)
+    with pytest.raises(TransitionError, match="completed -> running is not an allowed transition"):
+        set_status(task, TaskStatus.RUNNING)
+    assert task.status == TaskStatus.COMPLETED
+    set_status(task, TaskStatus.PENDING)  # a re-opening comment
+    assert task.status == TaskStatus.PENDING

@@ -27,6 +27,7 @@ from .rows import (
     end_run,
     owes_wakeup,
     save_task,
+    set_status,
     usage_counts,
     write_debt,
     write_result,
@@ -161,7 +162,7 @@ def finalize_locked(
         run.stop_request = StopRequest.NOW
         run.save(update_fields=["stop_request"])
     previous = task.status
-    task.status = ending.status
+    set_status(task, ending.status)
     task.summary = ending.summary or task.summary
     task.result = ending.result or task.result
     task.error = error

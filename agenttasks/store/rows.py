@@ -4,12 +4,28 @@ from collections.abc import Iterable
 
 from django.utils import timezone
 
+from ..exceptions import TransitionError
 from ..models import Comment, PendingAction, Run, Task, TaskResult, Wakeup
-from ..states import ActionStatus, RunStatus, RunTrigger, TaskKind, TaskStatus, WakeupState
+from ..states import (
+    ActionStatus,
+    RunStatus,
+    RunTrigger,
+    TaskKind,
+    TaskStatus,
+    WakeupState,
+    is_allowed,
+)
 from ..types import ActionRequest
 from .locking import Log, run_finished, task_status
 
 RESULT_FIELDS = ["run_id", "content", "partial", "files", "metadata", "usage", "created_at"]
+
+
+def set_status(task: Task, status: str) -> None:
+    """Move a locked task to `status`; a change the transition table forbids is a bug here."""
+    if not is_allowed(task.status, status):
+        raise TransitionError(f"tasks: {task.status} -> {status} is not an allowed transition")
+    task.status = status
 
 
 def save_task(task: Task, fields: list[str], now) -> None:
@@ -37,7 +53,7 @@ def new_run(task: Task, run_id: str, trigger: str, input: str, now) -> Run:
 def move_to_new_run(task: Task, run: Run, now, *more_fields: str) -> None:
     """Point a task at a new queued run: pending, its last outcome, debt and result cleared."""
     task.run = run
-    task.status = TaskStatus.PENDING
+    set_status(task, TaskStatus.PENDING)
     task.summary = task.result = task.error = task.stop_reason = ""
     task.continuations = 0
     task.finished_at = task.started_at = None
@@ -52,7 +68,7 @@ def requeue_paused(log: Log, run: Run, now, task: Task | None = None) -> None:
     run.status, run.queued_at = RunStatus.QUEUED, now
     run.save(update_fields=["status", "queued_at"])
     if task is not None:
-        task.status = TaskStatus.PENDING
+        set_status(task, TaskStatus.PENDING)
         save_task(task, ["status"], now)
         task_status(log, task, TaskStatus.WAITING_FOR_INPUT)
 

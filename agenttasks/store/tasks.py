@@ -49,6 +49,7 @@ from .rows import (
     requeue_paused,
     resolve_action,
     save_task,
+    set_status,
     trigger_name,
     write_result,
 )
@@ -276,7 +277,7 @@ def claim(run_id: str, worker: str = "") -> Run | None:
         log = Log()
         hold_task(log, task)
         _start(log, run, worker, now, trigger_name(run.trigger), task_id=task.id)
-        task.status = TaskStatus.RUNNING
+        set_status(task, TaskStatus.RUNNING)
         task.started_at = task.started_at or now
         save_task(task, ["status", "started_at"], now)
         task_status(log, task, TaskStatus.PENDING)
@@ -352,7 +353,7 @@ def pause(
                 write_result(task, run_id, task_result, partial=True)
         else:
             _clarify(log, task, run, clarification or "", task_result, now)
-        task.status = TaskStatus.WAITING_FOR_INPUT
+        set_status(task, TaskStatus.WAITING_FOR_INPUT)
         save_task(task, ["status"], now)
         task_status(log, task, TaskStatus.RUNNING)
         log.flush()
@@ -484,7 +485,8 @@ def advance(
         hold_task(log, task)
         previous = task.status
         run = new_run(task, next_run_id, RunTrigger.CONTINUATION, input, now)
-        task.run, task.status = run, TaskStatus.PENDING
+        task.run = run
+        set_status(task, TaskStatus.PENDING)
         task.continuations += 1
         if state is not None:
             task.state = state
