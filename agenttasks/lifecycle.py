@@ -10,6 +10,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.db import DatabaseError, transaction
 
@@ -200,7 +201,7 @@ def create(
     kind: str = "",
     state=None,
     callback_url: str | None = None,
-    metadata: dict | None = None,
+    metadata: dict[str, Any] | None = None,
     files=(),
     before_commit: Callable[[Task], None] | None = None,
 ) -> Task:
@@ -507,7 +508,7 @@ def comment(
     content: str,
     *,
     author=None,
-    metadata: dict | None = None,
+    metadata: dict[str, Any] | None = None,
     origin: str = "comment",
     files=None,
 ) -> Comment:
@@ -548,7 +549,7 @@ def comment(
     return won.new_comment
 
 
-def resolve_action(action_id: str, resolution: dict):
+def resolve_action(action_id: str, resolution: dict[str, Any]):
     """Answer an approval or a question; resume its run when it was the last one open.
 
     Returns the task as written (or the run, outside tasks), or False when the answer was stale.
@@ -911,7 +912,7 @@ def update_conversation(conversation_id: str, **changes) -> Conversation:
 
 
 def post_message(
-    conversation_id: str, content: str, *, metadata: dict | None = None, files=None
+    conversation_id: str, content: str, *, metadata: dict[str, Any] | None = None, files=None
 ) -> tuple[Run, object]:
     """Start a run of a conversation's agent on a user message (a conversation without a task).
 
@@ -945,10 +946,9 @@ def resume_if_settled(conversation_id: str | None) -> None:
     except (TaskError, DatabaseError):
         logger.exception("delegation.resume_failed conversation=%s", conversation_id)
         return
-    if not won:
+    if won is None:
         return
-    run_id = won.run_id if isinstance(won, Task) else won.id
-    logger.info("delegation.resume_caller run=%s conversation=%s", run_id, conversation_id)
-    if isinstance(won, Task):
-        announce(won)
-    _launch_durable(run_id)
+    logger.info("delegation.resume_caller run=%s conversation=%s", won.id, conversation_id)
+    if won.task_id is not None:
+        announce(won.task)
+    _launch_durable(won.id)

@@ -101,7 +101,7 @@ TRANSITIONS: dict[tuple[str | None, str], str] = {
     (S.CANCELLED, S.PENDING): "a re-opening comment (new run id)",
 }
 
-_MODEL_NAMES = {
+_MODEL_NAMES: dict[str, str] = {
     S.PENDING: "working",
     S.RUNNING: "working",
     S.WAITING_FOR_INPUT: "input_required",

@@ -2,7 +2,10 @@
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import Task
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,8 @@ class ActionRequest:
     kind: str  # "approval" or "question"
     tool_name: str
     tool_call_id: str
-    args: dict | None = None
-    questions: list | None = None
+    args: dict[str, Any] | None = None
+    questions: list[Any] | None = None
     prompt: str = ""
     deadline: Any = None  # datetime or None (never lapses)
     on_timeout: str = "deny"
@@ -57,9 +60,9 @@ class RunOutcome:
     graceful_stop: bool = False
     actions: tuple[ActionRequest, ...] = ()
     clarification: str | None = None
-    task_result: dict | None = None
-    usage: dict | None = None
-    metadata: dict = field(default_factory=dict)
+    task_result: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
     # False when the runtime already appended its reply to the log (the chat loop does).
     append_message: bool = True
 
@@ -73,7 +76,7 @@ class Ending:
     result: str = ""  # kept when empty
     error: str = ""  # a failure's error (the result when empty)
     state: Any = None  # None keeps the task's state
-    task_result: dict | None = None  # the TaskResult to write, if any
+    task_result: dict[str, Any] | None = None  # the TaskResult to write, if any
     reason: str = ""  # why it stopped (task.status events carry it)
 
 
@@ -82,7 +85,7 @@ class Ended:
     """What `store.end` did: whether it recorded the run's ending, and the task if it settled."""
 
     recorded: bool
-    task: Any  # the Task as written; None when the finalize lost
+    task: "Task | None"  # the task as written; None when the finalize lost
 
 
 @dataclass
@@ -95,10 +98,10 @@ class NewTask:
     label: str = ""
     kind: str = ""
     state: Any = None
-    inherit: dict = field(default_factory=dict)  # the agent's definition, as it was
+    inherit: dict[str, Any] = field(default_factory=dict)  # the agent's definition, as it was
     callback_url: str = ""
-    metadata: dict = field(default_factory=dict)
-    files: list = field(default_factory=list)  # file refs carried by the first message
+    metadata: dict[str, Any] = field(default_factory=dict)
+    files: list[Any] = field(default_factory=list)  # file refs carried by the first message
     parent_conversation_id: str | None = None  # a spawned task's parent (hidden conversation)
     parent_run_id: str | None = None
     depth: int = 1

@@ -7,8 +7,8 @@ from ..states import ActionKind, ActionStatus
 from ..text import iso
 
 
-class PendingActionQuerySet(models.QuerySet):
-    def open(self):
+class PendingActionQuerySet(models.QuerySet["PendingAction"]):
+    def open(self) -> "PendingActionQuerySet":
         """Actions still waiting for an answer."""
         return self.filter(status=ActionStatus.PENDING)
 

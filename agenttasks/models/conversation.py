@@ -7,8 +7,8 @@ from .. import ids
 RESERVED_METADATA = ("source", "taskId")
 
 
-class ConversationQuerySet(models.QuerySet):
-    def visible(self):
+class ConversationQuerySet(models.QuerySet["Conversation"]):
+    def visible(self) -> "ConversationQuerySet":
         """Conversations that are not being deleted."""
         return self.filter(deleting_at__isnull=True)
 

@@ -1,3 +1,5 @@
+from datetime import datetime
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -6,19 +8,19 @@ from .. import ids
 from ..states import RUN_ACTIVE, RunStatus, RunTrigger, StopRequest
 
 
-class RunQuerySet(models.QuerySet):
+class RunQuerySet(models.QuerySet["Run"]):
     """Runs by the named states the workers, the reaper and the guards ask for."""
 
-    def active(self):
+    def active(self) -> "RunQuerySet":
         """Runs that are queued, running or paused."""
         return self.filter(status__in=RUN_ACTIVE)
 
-    def lease_expired(self, cutoff):
+    def lease_expired(self, cutoff: datetime) -> "RunQuerySet":
         """Running runs not heard from since `cutoff` (their worker is presumed dead)."""
         silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
         return self.filter(silent, status=RunStatus.RUNNING)
 
-    def taskless(self):
+    def taskless(self) -> "RunQuerySet":
         """Runs of a conversation without a task (chat messages and wake-ups)."""
         return self.filter(task__isnull=True)
 

@@ -8,22 +8,22 @@ from ..exceptions import TaskNotFound
 from ..states import LIVE, TaskKind, TaskStatus
 
 
-class TaskQuerySet(models.QuerySet):
+class TaskQuerySet(models.QuerySet["Task"]):
     """Tasks by the named states every reader asks for."""
 
-    def visible(self):
+    def visible(self) -> "TaskQuerySet":
         """Tasks whose conversation tree is not being deleted."""
         return self.filter(conversation__deleting_at__isnull=True)
 
-    def live(self):
+    def live(self) -> "TaskQuerySet":
         """Tasks that are pending, running or waiting for input."""
         return self.filter(status__in=LIVE)
 
-    def spawned_from(self, conversation_id):
+    def spawned_from(self, conversation_id: str) -> "TaskQuerySet":
         """Tasks a conversation spawned, delegates (which their caller drives) excluded."""
         return self.filter(parent_conversation_id=conversation_id).exclude(kind=TaskKind.DELEGATE)
 
-    def newest_first(self):
+    def newest_first(self) -> "TaskQuerySet":
         return self.order_by("-created_at", "-id")
 
     def read(self, task_id: str) -> "Task":
@@ -109,6 +109,9 @@ class Task(models.Model):
     finished_at = models.DateTimeField("finished", null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
+
+    # Set by the store's reopen on the task it returns: the comment that re-opened it.
+    new_comment: "Comment | None"
 
     class Meta:
         verbose_name = "task"

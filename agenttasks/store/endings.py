@@ -6,6 +6,9 @@ PostgreSQL it is one statement (the `agenttasks_end` SQL function); elsewhere th
 through the ORM in one transaction.
 """
 
+from datetime import datetime
+from typing import Any
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -43,7 +46,7 @@ def end(
     *,
     outcome: RunOutcome | None = None,
     after_turn: Ending | None = None,
-    lease_cutoff=None,
+    lease_cutoff: datetime | None = None,
     rollback_attempt: bool = False,
 ) -> Ended:
     """Record how the run ended (with `outcome`) and settle its task with `ending`.
@@ -75,7 +78,15 @@ def end(
 
 
 def _end_locked(
-    log, task, run_id, ending, outcome, after_turn, lease_cutoff, rollback_attempt, now
+    log: Log,
+    task: Task,
+    run_id: str,
+    ending: Ending,
+    outcome: RunOutcome | None,
+    after_turn: Ending | None,
+    lease_cutoff: datetime | None,
+    rollback_attempt: bool,
+    now: datetime,
 ) -> Ended:
     if task.run_id != run_id:
         # The task has moved to another run: only this run's own ending is recorded.
@@ -84,17 +95,18 @@ def _end_locked(
     run = task.run
     if lease_cutoff is not None and not _orphaned(task, run, lease_cutoff):
         return Ended(recorded=False, task=None)
-    recorded = outcome is not None and run.status in (RunStatus.RUNNING, RunStatus.PAUSED)
-    if recorded:
+    recorded = False
+    if outcome is not None and run.status in (RunStatus.RUNNING, RunStatus.PAUSED):
         hold_task(log, task)
         record_end(log, run, outcome, now)
+        recorded = True
     if after_turn is not None and run.stop_request == StopRequest.AFTER_TURN:
         ending = after_turn
     won = finalize_locked(log, task, run_id, ending, now, rollback_attempt=rollback_attempt)
     return Ended(recorded=recorded, task=won)
 
 
-def _record_left_run(log: Log, run_id: str, outcome: RunOutcome, now) -> bool:
+def _record_left_run(log: Log, run_id: str, outcome: RunOutcome, now: datetime) -> bool:
     run = lock_run(run_id)
     if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
         return False
@@ -103,7 +115,7 @@ def _record_left_run(log: Log, run_id: str, outcome: RunOutcome, now) -> bool:
     return True
 
 
-def _orphaned(task: Task, run: Run, cutoff) -> bool:
+def _orphaned(task: Task, run: Run, cutoff: datetime) -> bool:
     seen = run.heartbeat_at if run.heartbeat_at is not None else run.started_at
     return (
         task.status == TaskStatus.RUNNING
@@ -114,7 +126,7 @@ def _orphaned(task: Task, run: Run, cutoff) -> bool:
     )
 
 
-def record_end(log: Log, run: Run, outcome: RunOutcome, now) -> None:
+def record_end(log: Log, run: Run, outcome: RunOutcome, now: datetime) -> None:
     """Write a locked run's ending: its status, output and usage, and its events."""
     if run.status == RunStatus.PAUSED and outcome.status != OutcomeStatus.INPUT_REQUIRED:
         cancel_open_actions(log, run, now)  # a paused run that ends leaves nothing open
@@ -123,7 +135,7 @@ def record_end(log: Log, run: Run, outcome: RunOutcome, now) -> None:
         run.usage_known = True
         run.prompt_tokens, run.completion_tokens, run.total_tokens = counts
     if outcome.text and outcome.append_message:
-        data = {"content": outcome.text}
+        data: dict[str, Any] = {"content": outcome.text}
         if counts is not None:
             data["usage"] = run.usage
         log.add(
@@ -146,7 +158,13 @@ def record_end(log: Log, run: Run, outcome: RunOutcome, now) -> None:
 
 
 def finalize_locked(
-    log: Log, task: Task, run_id: str, ending: Ending, now, *, rollback_attempt: bool = False
+    log: Log,
+    task: Task,
+    run_id: str,
+    ending: Ending,
+    now: datetime,
+    *,
+    rollback_attempt: bool = False,
 ) -> Task | None:
     """Settle a locked task that is live on `run_id`: completed, failed or cancelled."""
     if task.status not in LIVE or task.run_id != run_id:
@@ -183,7 +201,7 @@ def finalize_locked(
     return task
 
 
-def finalize(task_id: str, run_id: str, status: str, **fields) -> Task | None:
+def finalize(task_id: str, run_id: str, status: str, **fields: Any) -> Task | None:
     """End a live task on its current run with `Ending(status, **fields)`; None if it lost."""
     if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
         raise ValueError(f"finalize needs a terminal status, not {status!r}")

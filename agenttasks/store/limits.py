@@ -16,7 +16,7 @@ from ..states import TaskKind
 PRINCIPAL_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('agenttasks:principal:' || %s, 0))"
 
 
-def lock_principal(owner_id) -> None:
+def lock_principal(owner_id: int | None) -> None:
     """Serialize one user's slot-taking writes until the caller's transaction commits."""
     if not connection.in_atomic_block:
         raise RuntimeError("lock_principal needs the caller's transaction")
@@ -25,7 +25,7 @@ def lock_principal(owner_id) -> None:
             cursor.execute(PRINCIPAL_LOCK, [str(owner_id)])
 
 
-def active_count(owner_id) -> int:
+def active_count(owner_id: int | None) -> int:
     """Count the user's active tasks (see the module's rule)."""
     return (
         Task.objects.filter(owner_id=owner_id)
@@ -36,12 +36,12 @@ def active_count(owner_id) -> int:
     )
 
 
-def over_limit(owner_id, limit: int) -> bool:
+def over_limit(owner_id: int | None, limit: int) -> bool:
     """Whether one more active task would take the user past `limit` (0 = no limit)."""
     return bool(limit) and owner_id is not None and active_count(owner_id) >= limit
 
 
-def check_active_limit(owner_id, limit: int) -> None:
+def check_active_limit(owner_id: int | None, limit: int) -> None:
     """Lock the user's slots and refuse one more active task at `limit` (0 = no limit)."""
     if not limit or owner_id is None:
         return

@@ -9,8 +9,11 @@ holds.
 """
 
 from collections.abc import Iterable
+from functools import partial
+from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from ..exceptions import ConversationNotFound, RunNotFound, TaskNotFound
 from ..listen import conversation_key, hub
@@ -21,7 +24,7 @@ from ..states import TaskStatus
 class Log:
     """Events appended in the current transaction, numbered from the locked conversations."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rows: list[Event] = []
         self._seq: dict[str, int] = {}
 
@@ -32,7 +35,15 @@ class Log:
     def holds(self, conversation_id: str | None) -> bool:
         return conversation_id in self._seq
 
-    def add(self, conversation_id: str, type: str, data: dict, *, run_id="", task_id="") -> Event:
+    def add(
+        self,
+        conversation_id: str,
+        type: str,
+        data: dict[str, Any],
+        *,
+        run_id: str = "",
+        task_id: str = "",
+    ) -> Event:
         seq = self._seq[conversation_id] + 1
         self._seq[conversation_id] = seq
         event = Event(
@@ -56,13 +67,13 @@ class Log:
 def announce_events(conversation_ids: Iterable[str]) -> None:
     """Wake this process's stream readers at commit (other processes hear NOTIFY, or poll)."""
     for conversation_id in conversation_ids:
-        transaction.on_commit(lambda c=conversation_id: hub.publish(conversation_key(c)))
+        transaction.on_commit(partial(hub.publish, conversation_key(conversation_id)))
 
 
 # --- locks -----------------------------------------------------------------------------------
 
 
-def _task_rows():
+def _task_rows() -> QuerySet[Task]:
     return Task.objects.select_related("conversation", "run").select_for_update(
         no_key=True, of=("self", "conversation", "run")
     )
@@ -134,7 +145,7 @@ def hold_task(log: Log, task: Task, *, parent: bool = True) -> None:
 
 def task_status(log: Log, task: Task, previous: str | None, reason: str = "") -> None:
     """Append the task.status event to the task's log and mirror it to its parent's."""
-    data = {"taskId": task.id}
+    data: dict[str, Any] = {"taskId": task.id}
     if previous is not None:
         data["from"] = previous
     data.update({"to": task.status, "runId": task.run_id, "attempt": task.attempt_no()})
@@ -143,7 +154,7 @@ def task_status(log: Log, task: Task, previous: str | None, reason: str = "") ->
     if reason:
         data["reason"] = reason
     log.add(task.conversation_id, "task.status", data, run_id=task.run_id, task_id=task.id)
-    if log.holds(task.parent_conversation_id):
+    if task.parent_conversation_id is not None and log.holds(task.parent_conversation_id):
         log.add(
             task.parent_conversation_id,
             "task.status",
@@ -155,7 +166,7 @@ def task_status(log: Log, task: Task, previous: str | None, reason: str = "") ->
 
 def run_finished(log: Log, run: Run) -> None:
     """Append the run.finished event of an ended run."""
-    data = {"status": run.status}
+    data: dict[str, Any] = {"status": run.status}
     if run.error:
         data["error"] = run.error
     if run.usage is not None:
@@ -169,14 +180,14 @@ def user_message(
     content: str,
     origin: str,
     *,
-    run_id="",
-    task_id="",
-    files=None,
-    comment_id=None,
-    metadata=None,
+    run_id: str = "",
+    task_id: str = "",
+    files: list[dict[str, Any]] | None = None,
+    comment_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Event:
     """Append a message.user event."""
-    data = {"content": content, "origin": origin}
+    data: dict[str, Any] = {"content": content, "origin": origin}
     if files:
         data["files"] = files
     if comment_id:
@@ -187,7 +198,7 @@ def user_message(
 
 
 def append_events(
-    conversation_id: str, events: Iterable[tuple[str, dict, str, str]]
+    conversation_id: str, events: Iterable[tuple[str, dict[str, Any], str, str]]
 ) -> list[Event]:
     """Append (type, data, run_id, task_id) events to a conversation in one short transaction."""
     with transaction.atomic():

@@ -8,8 +8,9 @@ store's conformance tests run on both.
 """
 
 import json
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from datetime import date, datetime
+from typing import Any, TypeVar
 
 from django.db import connection, models, transaction
 from django.utils import timezone
@@ -21,102 +22,119 @@ from ..types import Ended, Ending, RunOutcome
 from .locking import announce_events
 from .rows import result_fields, usage_counts
 
+M = TypeVar("M", bound=models.Model)
+
 
 def enabled() -> bool:
     """Whether the transitions run as SQL functions (PostgreSQL)."""
     return connection.vendor == "postgresql"
 
 
-def _call(function: str, *args, returns_json: bool = True):
-    placeholders = ", ".join("%s::jsonb" if isinstance(a, JSON) else "%s" for a in args)
-    sql = f"SELECT {function}({placeholders})"
-    params = [None if a is None else str(a) for a in args]
-    # Alone it is its own transaction; inside the caller's, a savepoint keeps a failure from
-    # poisoning what the caller does next.
-    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with savepoint, connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        value = cursor.fetchone()[0]
-    # Django reads jsonb as text (JSONField decodes it itself).
-    return json.loads(value) if returns_json and isinstance(value, str) else value
-
-
 class JSON:
     """A jsonb argument."""
 
-    def __init__(self, value):
+    def __init__(self, value: Any) -> None:
         self.text = json.dumps(value, default=_plain)
 
-    def __str__(self) -> str:
-        return self.text
 
-
-def _plain(value):
+def _plain(value: Any) -> str:
     if isinstance(value, (datetime, date)):
         return value.isoformat()
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-def row(instance: models.Model) -> dict:
+def _call(function: str, *args: Any) -> Any:
+    """Call a SQL function with `args` (JSON ones as jsonb) and return its one value."""
+    placeholders = ", ".join("%s::jsonb" if isinstance(a, JSON) else "%s" for a in args)
+    params = [a.text if isinstance(a, JSON) else a for a in args]
+    # Alone it is its own transaction; inside the caller's, a savepoint keeps a failure from
+    # poisoning what the caller does next.
+    savepoint: AbstractContextManager[Any] = (
+        transaction.atomic() if connection.in_atomic_block else nullcontext()
+    )
+    with savepoint, connection.cursor() as cursor:
+        cursor.execute(f"SELECT {function}({placeholders})", params)
+        return cursor.fetchone()[0]
+
+
+def _answer(value: Any) -> dict[str, Any]:
+    """Decode a jsonb answer (Django reads jsonb as text: JSONField decodes it itself)."""
+    answer: dict[str, Any] = json.loads(value) if isinstance(value, str) else value
+    return answer
+
+
+def row(instance: models.Model) -> dict[str, Any]:
     """Return a model instance as {column: value}, the shape jsonb_populate_record reads."""
-    return {f.column: f.value_from_object(instance) for f in instance._meta.concrete_fields}
+    return {_column(f): f.value_from_object(instance) for f in instance._meta.concrete_fields}
 
 
-def instance(model: type[models.Model], data: dict) -> models.Model:
+def _column(field: "models.Field[Any, Any]") -> str:
+    assert field.column is not None  # concrete fields have one
+    return field.column
+
+
+def instance(model: type[M], data: dict[str, Any]) -> M:
     """Build a model instance from a row the database returned as JSON."""
     fields = model._meta.concrete_fields
     values = []
     for field in fields:
-        value = data[field.column]
+        value = data[_column(field)]
         if value is not None and isinstance(field, models.DateTimeField):
             value = parse_datetime(value)
         values.append(value)
     return model.from_db(connection.alias, [f.attname for f in fields], values)
 
 
-def _rows(answer: dict) -> tuple:
-    """The task, run and conversation of an answer, linked to each other as the ORM would."""
+def _linked(answer: dict[str, Any]) -> tuple[Task | None, Run]:
+    """The task and run of an answer, linked to their conversation as the ORM would."""
     conversation = instance(Conversation, answer["conversation"])
     run = instance(Run, answer["run"])
     run.conversation = conversation
-    task = None
-    if answer.get("task") is not None:
-        task = instance(Task, answer["task"])
-        task.conversation = conversation
-        task.run = run
-        run.task = task
-    return task, run, conversation
+    if answer.get("task") is None:
+        return None, run
+    task = instance(Task, answer["task"])
+    task.conversation = conversation
+    task.run = run
+    run.task = task
+    return task, run
 
 
-# --- the three transitions -------------------------------------------------------------------
-
-
-def create(conversation, run, task, events, *, owner_limit: int, parent_cap: int, job) -> str:
+def create(
+    conversation: Conversation,
+    run: Run,
+    task: Task,
+    events: list[dict[str, Any]],
+    *,
+    owner_limit: int,
+    parent_cap: int,
+    job: dict[str, Any] | None,
+) -> str:
     """Insert a task with its conversation, first run, events and job; return the verdict.
 
     'created', or why not: 'owner_limit', 'parent_gone' or 'parent_cap'.
     """
-    return _call(
+    verdict: str = _call(
         "agenttasks_create_task",
         JSON(row(conversation)),
         JSON(row(run)),
         JSON(row(task)),
         JSON(events),
-        owner_limit or 0,
-        parent_cap or 0,
+        owner_limit,
+        parent_cap,
         JSON(job),
-        returns_json=False,
     )
+    return verdict
 
 
-def claim(run_id: str, worker: str, now) -> Run | None:
+def claim(run_id: str, worker: str, now: datetime) -> Run | None:
     """Move a queued run (and its task) to running; None when it is not the one to run."""
-    answer = _call("agenttasks_claim_run", run_id, worker, now.isoformat())
-    if answer is None:
+    value = _call("agenttasks_claim_run", run_id, worker, now.isoformat())
+    if value is None:
         return None
+    answer = _answer(value)
     if answer.get("missing"):
         raise RunNotFound()
-    return _rows(answer)[1]
+    return _linked(answer)[1]
 
 
 def end(
@@ -126,15 +144,16 @@ def end(
     *,
     outcome: RunOutcome | None,
     after_turn: Ending | None,
-    lease_cutoff,
+    lease_cutoff: datetime | None,
     rollback_attempt: bool,
-):
+) -> Ended:
     """`store.end` as one statement."""
-    params = {
+    params: dict[str, Any] = {
         "task_id": task_id,
         "run_id": run_id,
         "ending": _ending(ending),
         "rollback_attempt": rollback_attempt,
+        "now": timezone.now(),
     }
     if outcome is not None:
         params["outcome"] = {
@@ -149,17 +168,16 @@ def end(
         params["after_turn"] = _ending(after_turn)
     if lease_cutoff is not None:
         params["lease_cutoff"] = lease_cutoff
-    params["now"] = timezone.now()
-    answer = _call("agenttasks_end", JSON(params))
+    answer = _answer(_call("agenttasks_end", JSON(params)))
     if answer.get("missing"):
         raise TaskNotFound()
-    task = _rows(answer)[0] if answer.get("task") is not None else None
+    task = _linked(answer)[0] if answer.get("task") is not None else None
     announce_events(c for c in answer.get("conversations") or () if c)
     return Ended(recorded=answer["recorded"], task=task)
 
 
-def _ending(ending: Ending) -> dict:
-    data = {
+def _ending(ending: Ending) -> dict[str, Any]:
+    data: dict[str, Any] = {
         "status": ending.status,
         "summary": ending.summary,
         "result": ending.result,

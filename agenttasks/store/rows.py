@@ -1,6 +1,8 @@
 """Row writes that several transitions share, each on rows the caller has locked."""
 
 from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
 
@@ -28,14 +30,14 @@ def set_status(task: Task, status: str) -> None:
     task.status = status
 
 
-def save_task(task: Task, fields: list[str], now) -> None:
+def save_task(task: Task, fields: list[str], now: datetime) -> None:
     """Save a locked task's changed fields; every write moves its version (callbacks use it)."""
     task.updated_at = now
     task.version += 1
     task.save(update_fields=[*fields, "updated_at", "version"])
 
 
-def new_run(task: Task, run_id: str, trigger: str, input: str, now) -> Run:
+def new_run(task: Task, run_id: str, trigger: str, input: str, now: datetime) -> Run:
     """Create the task's next queued run (same attempt as the task)."""
     return Run.objects.create(
         id=run_id,
@@ -50,7 +52,7 @@ def new_run(task: Task, run_id: str, trigger: str, input: str, now) -> Run:
     )
 
 
-def move_to_new_run(task: Task, run: Run, now, *more_fields: str) -> None:
+def move_to_new_run(task: Task, run: Run, now: datetime, *more_fields: str) -> None:
     """Point a task at a new queued run: pending, its last outcome, debt and result cleared."""
     task.run = run
     set_status(task, TaskStatus.PENDING)
@@ -63,7 +65,7 @@ def move_to_new_run(task: Task, run: Run, now, *more_fields: str) -> None:
     TaskResult.objects.filter(task_id=task.id).delete()
 
 
-def requeue_paused(log: Log, run: Run, now, task: Task | None = None) -> None:
+def requeue_paused(log: Log, run: Run, now: datetime, task: Task | None = None) -> None:
     """Queue a paused run again under its own id (an answer or a settled child resumed it)."""
     run.status, run.queued_at = RunStatus.QUEUED, now
     run.save(update_fields=["status", "queued_at"])
@@ -73,7 +75,7 @@ def requeue_paused(log: Log, run: Run, now, task: Task | None = None) -> None:
         task_status(log, task, TaskStatus.WAITING_FOR_INPUT)
 
 
-def end_run(log: Log, run: Run, status: str, now, error: str = "") -> None:
+def end_run(log: Log, run: Run, status: str, now: datetime, error: str = "") -> None:
     """End a run that is not executing (queued or paused), closing its open actions."""
     if run.status == RunStatus.PAUSED:
         cancel_open_actions(log, run, now)
@@ -89,6 +91,7 @@ def owes_wakeup(task: Task) -> bool:
 
 def write_debt(task: Task, run_id: str, status: str) -> None:
     """Record the result this ending owes the parent conversation (a wake-up)."""
+    assert task.parent_conversation_id is not None  # owes_wakeup said so
     truncated = len(task.result.encode("utf-8")) > len(task.summary.encode("utf-8"))
     Wakeup.objects.create(
         conversation_id=task.parent_conversation_id,
@@ -101,14 +104,14 @@ def write_debt(task: Task, run_id: str, status: str) -> None:
     )
 
 
-def drop_debt(task: Task, now) -> None:
+def drop_debt(task: Task, now: datetime) -> None:
     """Drop what the task still owes: it is running again."""
     Wakeup.objects.filter(task_id=task.id, state=WakeupState.PENDING).update(
         state=WakeupState.DROPPED, settled_at=now
     )
 
 
-def result_fields(result: dict, *, partial: bool = False) -> dict:
+def result_fields(result: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:
     """Return the TaskResult fields of a runtime's result dict."""
     return {
         "content": result.get("content") or "",
@@ -119,7 +122,7 @@ def result_fields(result: dict, *, partial: bool = False) -> dict:
     }
 
 
-def write_result(task: Task, run_id: str, result: dict, *, partial: bool = False) -> None:
+def write_result(task: Task, run_id: str, result: dict[str, Any], *, partial: bool = False) -> None:
     """Write the task's one result, replacing an older one (one upsert statement)."""
     row = TaskResult(
         task_id=task.id,
@@ -133,7 +136,7 @@ def write_result(task: Task, run_id: str, result: dict, *, partial: bool = False
 
 
 def create_actions(
-    log: Log, run: Run, requests: Iterable[ActionRequest], now
+    log: Log, run: Run, requests: Iterable[ActionRequest], now: datetime
 ) -> list[PendingAction]:
     """Create the approvals and questions a pausing run asks, each with its event."""
     actions = []
@@ -162,7 +165,9 @@ def create_actions(
     return actions
 
 
-def resolve_action(log: Log, action: PendingAction, resolution: dict, now) -> None:
+def resolve_action(
+    log: Log, action: PendingAction, resolution: dict[str, Any], now: datetime
+) -> None:
     """Settle a locked open action with `resolution` (its status and what was decided)."""
     action.status = resolution["status"]
     action.decided_at = now
@@ -187,7 +192,7 @@ def resolve_action(log: Log, action: PendingAction, resolution: dict, now) -> No
     )
 
 
-def cancel_open_actions(log: Log, run: Run, now) -> None:
+def cancel_open_actions(log: Log, run: Run, now: datetime) -> None:
     """Close every open action of a run that ends (nothing is left to answer)."""
     actions = list(PendingAction.objects.open().filter(run_id=run.id))
     for action in actions:
@@ -203,7 +208,7 @@ def cancel_open_actions(log: Log, run: Run, now) -> None:
         PendingAction.objects.bulk_update(actions, ["status", "decided_at"])
 
 
-def usage_counts(usage: dict | None) -> tuple[int, int, int] | None:
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:
     """Read (prompt, completion, total) tokens from a runtime's usage, in either spelling."""
     if not usage:
         return None
@@ -213,7 +218,14 @@ def usage_counts(usage: dict | None) -> tuple[int, int, int] | None:
     return prompt, completion, int(total) if total is not None else prompt + completion
 
 
-def add_comment(task: Task, run_id: str, role: str, content: str, metadata, author=None):
+def add_comment(
+    task: Task,
+    run_id: str,
+    role: str,
+    content: str,
+    metadata: dict[str, Any] | None,
+    author: Any = None,
+) -> Comment:
     """Record a comment on a task (a user's, or the agent's legacy clarification)."""
     return Comment.objects.create(
         task=task, role=role, content=content, metadata=metadata, run_id=run_id, author=author

@@ -3,12 +3,15 @@
 A run without a task is guarded by its conversation's row, locked before the run's.
 """
 
+from typing import Any
+
 from django.db import transaction
 from django.utils import timezone
 
 from .. import ids
 from ..exceptions import ConversationBusy, ConversationNotFound
 from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
+from ..models.action import PendingActionQuerySet
 from ..states import ActionStatus, RunStatus, RunTrigger, TaskKind, TaskStatus
 from .limits import check_active_limit
 from .locking import (
@@ -25,14 +28,18 @@ from .rows import requeue_paused, resolve_action
 _UNSET = object()
 
 
-def create_conversation(*, owner, agent: str, title: str = "", metadata=None) -> Conversation:
+def create_conversation(
+    *, owner: Any, agent: str, title: str = "", metadata: dict[str, Any] | None = None
+) -> Conversation:
     """Create a visible conversation (no run starts; its first message does that)."""
     return Conversation.objects.create(
         owner=owner, agent=agent, title=title or "", metadata=metadata or {}
     )
 
 
-def update_conversation(conversation_id: str, *, title=_UNSET, metadata=_UNSET) -> Conversation:
+def update_conversation(
+    conversation_id: str, *, title: Any = _UNSET, metadata: Any = _UNSET
+) -> Conversation:
     """Change a conversation's title or client metadata under its row lock.
 
     `title=""` removes the title. New metadata replaces the client's as a whole; the server's
@@ -63,8 +70,8 @@ def start_conversation_run(
     content: str,
     *,
     run_id: str | None = None,
-    metadata: dict | None = None,
-    files: list | None = None,
+    metadata: dict[str, Any] | None = None,
+    files: list[Any] | None = None,
     owner_limit: int = 0,
 ) -> tuple[Run, Event]:
     """Start a run of a conversation without a task on a user message, unless it is busy.
@@ -131,7 +138,7 @@ def wake_conversation(conversation: Conversation, text: str, task_ids: list[str]
     return run
 
 
-def answer_conversation_run(run_id: str, action_id: str, resolution: dict) -> Run | None:
+def answer_conversation_run(run_id: str, action_id: str, resolution: dict[str, Any]) -> Run | None:
     """Settle an action of a paused conversation run; queue the run when none is left open."""
     now = timezone.now()
     with transaction.atomic():
@@ -152,13 +159,14 @@ def answer_conversation_run(run_id: str, action_id: str, resolution: dict) -> Ru
         return run
 
 
-def resume_paused(conversation_id: str) -> Task | Run | None:
+def resume_paused(conversation_id: str) -> Run | None:
     """Resume a conversation's paused latest run once nothing holds it.
 
     Nothing holds it when it has no pending action of its own and every child it escalated has
     settled; checked on the locked task (or run) row, so of two children ending at once the later
     commit sees both endings. The run keeps its id; the caller enqueues it after commit. Returns
-    the task (or, without one, the run) as written, or None when it is not paused or still held.
+    the run as written (with `run.task`, the task as written, when it has one), or None when it is
+    not paused or still held.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -181,9 +189,10 @@ def resume_paused(conversation_id: str) -> Task | Run | None:
             hold_task(log, task)
             requeue_paused(log, run, now, task)
             log.flush()
-            return task
+            run.task = task
+            return run
         conversation = lock_conversation(conversation_id)
-        run = (
+        latest = (
             Run.objects.select_for_update(no_key=True)
             .taskless()
             .filter(conversation_id=conversation_id)
@@ -191,14 +200,14 @@ def resume_paused(conversation_id: str) -> Task | Run | None:
             .first()
         )
         if (
-            run is None
-            or run.status != RunStatus.PAUSED
+            latest is None
+            or latest.status != RunStatus.PAUSED
             or conversation.deleting_at is not None
-            or held(run)
+            or held(latest)
         ):
             return None
-        requeue_paused(Log(), run, now)
-        return run
+        requeue_paused(Log(), latest, now)
+        return latest
 
 
 # --- what holds a paused run -----------------------------------------------------------------
@@ -217,7 +226,7 @@ def held(run: Run) -> bool:
     return PendingAction.objects.open().filter(run_id=run.id).exists() or escalations_open(run)
 
 
-def pending_actions_below(conversation_id: str):
+def pending_actions_below(conversation_id: str) -> PendingActionQuerySet:
     """The pending actions of a conversation and of its delegate descendants, oldest first."""
     tree, frontier = [conversation_id], [conversation_id]
     while frontier:

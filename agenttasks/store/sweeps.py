@@ -4,7 +4,7 @@ Several reapers may run at once (one per worker process, on every node): each wr
 its predicate under the row locks, so two reapers never settle the same row twice.
 """
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import models, transaction
 from django.db.models import Q
@@ -21,7 +21,7 @@ from .rows import resolve_action
 BATCH = 500
 
 
-def lease_cutoff():
+def lease_cutoff() -> datetime:
     """The heartbeat time before which a running run is presumed dead."""
     return timezone.now() - timedelta(seconds=app_settings.LEASE_TIMEOUT)
 
@@ -126,7 +126,7 @@ def conversations_owed() -> list[str]:
     )
 
 
-def expired_actions(action_ids=None) -> list[PendingAction]:
+def expired_actions(action_ids: list[str] | None = None) -> list[PendingAction]:
     """Open actions past their deadline (optionally only those ids)."""
     actions = PendingAction.objects.open().filter(deadline__lt=timezone.now())
     if action_ids is not None:

@@ -7,7 +7,8 @@ The ending of a run and the finalize of a task are in `store.endings`.
 """
 
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -66,7 +67,11 @@ RETRY_PROMPT = (
 
 
 def create_task(
-    new: NewTask, *, parent_cap: int | None = None, owner_limit: int = 0, job=None
+    new: NewTask,
+    *,
+    parent_cap: int | None = None,
+    owner_limit: int = 0,
+    job: dict[str, Any] | None = None,
 ) -> Task:
     """Create a task with its conversation, first run and first events.
 
@@ -93,7 +98,15 @@ def _names_task_id(exc: IntegrityError) -> bool:
     return "agenttasks_task_pkey" in str(exc) or "agenttasks_task.id" in str(exc)
 
 
-def _insert(new: NewTask, conversation, run, task, parent_cap, owner_limit, job) -> None:
+def _insert(
+    new: NewTask,
+    conversation: Conversation,
+    run: Run,
+    task: Task,
+    parent_cap: int | None,
+    owner_limit: int,
+    job: dict[str, Any] | None,
+) -> None:
     parent_id = new.parent_conversation_id
     if postgres.enabled():
         log = Log()
@@ -117,7 +130,7 @@ def _insert(new: NewTask, conversation, run, task, parent_cap, owner_limit, job)
             task,
             events,
             owner_limit=owner_limit,
-            parent_cap=parent_cap,
+            parent_cap=parent_cap or 0,
             job=job,
         )
         _refuse(verdict, owner_limit, parent_cap)
@@ -141,7 +154,7 @@ def _insert(new: NewTask, conversation, run, task, parent_cap, owner_limit, job)
             queue.insert_job(job)
 
 
-def _new_rows(new: NewTask, now) -> tuple[Conversation, Run, Task]:
+def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
     task_id = new.task_id or ids.new_task_id()
     parent_id = new.parent_conversation_id
     label = new.label or new.input[:60]
@@ -205,7 +218,7 @@ def _refuse(verdict: str, owner_limit: int, parent_cap: int | None) -> None:
     if verdict == "parent_gone":
         raise ConversationNotFound()
     if verdict == "parent_cap":
-        raise TaskLimit(parent_cap)
+        raise TaskLimit(parent_cap or 0)
 
 
 def discard_spawn(task_id: str, reason: str = "the task could not be started") -> None:
@@ -221,7 +234,7 @@ def discard_spawn(task_id: str, reason: str = "the task could not be started") -
             .only("id", "conversation_id", "parent_conversation_id", "run_id", "attempt")
             .first()
         )
-        if task is None:
+        if task is None or task.parent_conversation_id is None:
             return
         try:
             log = Log()
@@ -286,7 +299,7 @@ def claim(run_id: str, worker: str = "") -> Run | None:
         return run
 
 
-def _claim_taskless(run_id: str, worker: str, now) -> Run | None:
+def _claim_taskless(run_id: str, worker: str, now: datetime) -> Run | None:
     run = lock_run(run_id)
     if run.status != RunStatus.QUEUED:
         return None
@@ -302,7 +315,7 @@ def _claim_taskless(run_id: str, worker: str, now) -> Run | None:
     return run
 
 
-def _start(log: Log, run: Run, worker: str, now, trigger: str, task_id: str = "") -> None:
+def _start(log: Log, run: Run, worker: str, now: datetime, trigger: str, task_id: str = "") -> None:
     """Mark a locked queued run running for `worker` (run.started on its first start)."""
     if run.started_at is None:
         data = {"trigger": trigger, "attempt": run.attempt} if task_id else {"trigger": trigger}
@@ -321,7 +334,7 @@ def pause(
     *,
     actions: Iterable[ActionRequest] = (),
     clarification: str | None = None,
-    task_result: dict | None = None,
+    task_result: dict[str, Any] | None = None,
     escalated: bool = False,
 ) -> Task | None:
     """Pause a running task: on actions (run paused) or on a legacy clarification (run ends).
@@ -360,7 +373,14 @@ def pause(
         return task
 
 
-def _clarify(log: Log, task: Task, run: Run, question: str, task_result, now) -> None:
+def _clarify(
+    log: Log,
+    task: Task,
+    run: Run,
+    question: str,
+    task_result: dict[str, Any] | None,
+    now: datetime,
+) -> None:
     """End the run on a legacy clarification: the question is an agent comment."""
     metadata = dict((task_result or {}).get("metadata") or {})
     metadata["waitingForInput"] = True
@@ -384,7 +404,7 @@ def _clarify(log: Log, task: Task, run: Run, question: str, task_result, now) ->
     )
 
 
-def answer(task_id: str, run_id: str, action_id: str, resolution: dict) -> Task | None:
+def answer(task_id: str, run_id: str, action_id: str, resolution: dict[str, Any]) -> Task | None:
     """Settle an action of the paused current run; resume the run when none is left open.
 
     `resolution` holds `status` (approved, denied, answered or expired) and optionally
@@ -458,13 +478,13 @@ def retry_claim(
         return task
 
 
-def _owner_of(task_id: str):
+def _owner_of(task_id: str) -> int | None:
     """The owner of a task, read before its lock (the user's lock comes first; it never changes)."""
     return Task.objects.filter(pk=task_id).values_list("owner_id", flat=True).first()
 
 
 def advance(
-    task_id: str, run_id: str, next_run_id: str, *, input: str = "", state=None
+    task_id: str, run_id: str, next_run_id: str, *, input: str = "", state: Any = None
 ) -> Task | None:
     """Chain the next run of a multi-run job under the same task and attempt."""
     now = timezone.now()
@@ -505,11 +525,11 @@ def reopen(
     content: str,
     *,
     trigger: str = RunTrigger.COMMENT,
-    author=None,
-    metadata: dict | None = None,
+    author: Any = None,
+    metadata: dict[str, Any] | None = None,
     origin: str = "comment",
-    files: list | None = None,
-    notification_task_ids: list | None = None,
+    files: list[Any] | None = None,
+    notification_task_ids: list[Any] | None = None,
     owner_limit: int = 0,
 ) -> Task | None:
     """Re-open a finished task (or one waiting on a clarification) on a new run, same attempt.
@@ -586,7 +606,7 @@ def request_stop(task_id: str, run_id: str, *, graceful: bool) -> StopOutcome:
         return StopOutcome.AFTER_TURN
 
 
-def record_progress(run_id: str, state, rendered: str) -> bool:
+def record_progress(run_id: str, state: Any, rendered: str) -> bool:
     """Record a running run's progress state; a task's run appends task.progress (mirrored)."""
     with transaction.atomic():
         task = lock_task_of_run(run_id)
@@ -602,7 +622,7 @@ def record_progress(run_id: str, state, rendered: str) -> bool:
         task.run.save(update_fields=["progress"])
         data = {"taskId": task.id, "runId": run_id, "progress": rendered, "state": state}
         log.add(task.conversation_id, "task.progress", data, run_id=run_id, task_id=task.id)
-        if log.holds(task.parent_conversation_id):
+        if task.parent_conversation_id is not None and log.holds(task.parent_conversation_id):
             log.add(
                 task.parent_conversation_id,
                 "task.progress",
