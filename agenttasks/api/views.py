@@ -114,7 +114,7 @@ class ApiView(APIView):
     """The app's own policies, whatever the host's REST_FRAMEWORK defaults say."""
 
     anonymous_list = False
-    parser_classes: list = []  # bodies are read by api.body, before any view logic
+    parser_classes = [body.Unread]  # bodies are read by api.body, before any view logic
     renderer_classes = [JSONRenderer]
     content_negotiation_class = FirstRenderer
     metadata_class = None
