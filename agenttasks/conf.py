@@ -48,6 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "AUTHENTICATION_CLASSES": None,
     "THROTTLE_RATES": {},
     "CALLBACK_ALLOWED_HOSTS": [],
+    # None: the scheme's own port, and any port of an allowed host.
+    "CALLBACK_ALLOWED_PORTS": None,
     "CALLBACK_SIGNING_SECRET": None,
     "SERVE_DOCS": True,
     "FILES": {
