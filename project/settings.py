@@ -123,6 +123,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    # The demo is reached directly, so no X-Forwarded-For is believed; behind n reverse proxies
+    # set NUM_PROXIES=n (throttles then count the address the nearest proxy saw).
+    "NUM_PROXIES": int(os.environ.get("NUM_PROXIES", "0")),
 }
 
 Q_CLUSTER = {
