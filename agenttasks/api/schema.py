@@ -21,11 +21,15 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.settings import patched_settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
 from rest_framework.response import Response
 
 from .. import __version__
 from ..conf import app_settings
+from ..runtime import registry
 from . import errors
+from .permissions import user_of
+from .serializers import AgentSerializer
 from .views import ApiView, extend_schema
 
 SETTINGS = {
@@ -182,3 +186,55 @@ def _sidecar() -> Path:
         / "drf_spectacular_sidecar"
         / "swagger-ui-dist"
     )
+
+
+# --- the index -------------------------------------------------------------------------------
+
+METHODS = ("get", "post", "patch", "delete")
+
+
+class EndpointSerializer(serializers.Serializer):
+    method = serializers.CharField()
+    path = serializers.CharField(help_text="The full path, with the mount point.")
+    summary = serializers.CharField()
+
+
+class IndexSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    version = serializers.CharField()
+    docs = serializers.CharField(required=False, help_text="Swagger UI (when SERVE_DOCS).")
+    openapi = serializers.CharField(required=False, help_text="The OpenAPI document.")
+    endpoints = EndpointSerializer(many=True)
+    agents = AgentSerializer(
+        many=True, required=False, help_text="When the caller may list agents."
+    )
+
+
+class IndexView(ApiView):
+    """The mount point itself: what the API offers, for a person or a client finding its way."""
+
+    def get_permissions(self):
+        return []  # like the documentation; the agents are listed only to a permitted caller
+
+    @extend_schema(
+        operation_id="getIndex",
+        tags=["Docs"],
+        summary="The API's endpoints, its documentation and the caller's agents",
+        responses={200: IndexSerializer},
+    )
+    def get(self, request):
+        prefix = mount_prefix().rstrip("/")
+        out = {"name": "agenttasks", "version": __version__}
+        if app_settings.SERVE_DOCS:
+            out["docs"] = prefix + "/docs"
+            out["openapi"] = prefix + "/docs/openapi.json"
+        out["endpoints"] = [
+            {"method": method.upper(), "path": prefix + path, "summary": operation["summary"]}
+            for path, operations in document()["paths"].items()
+            for method, operation in operations.items()
+            if method in METHODS
+        ]
+        if user_of(request) is not None or app_settings.ALLOW_ANONYMOUS:
+            agents = [a for a in registry.agents() if a.expose]
+            out["agents"] = [AgentSerializer.present(a) for a in agents]
+        return Response(out)
