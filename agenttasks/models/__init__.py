@@ -4,6 +4,7 @@ from .action import PendingAction
 from .conversation import Conversation, Event
 from .file import File
 from .run import Run
+from .slot import Slot
 from .task import Comment, Task, TaskResult
 from .wakeup import Wakeup
 
@@ -14,6 +15,7 @@ __all__ = [
     "File",
     "PendingAction",
     "Run",
+    "Slot",
     "Task",
     "TaskResult",
     "Wakeup",
