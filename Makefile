@@ -8,7 +8,7 @@ PORT      ?= 8000
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/agenttasks
 BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 
-.PHONY: install install-demo run test test-sqlite test-postgres lint bench clean
+.PHONY: install install-demo run test test-sqlite test-postgres lint fuzz bench clean
 
 # What the demo needs (the app, psycopg for DATABASE_URL=postgres://…).
 $(VENV)/.demo: pyproject.toml
@@ -49,6 +49,13 @@ test-sqlite: install
 
 test-postgres: install
 	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 $(VENV)/bin/pytest
+
+# Longer fuzzing than make test's (not part of it): schemathesis over the served OpenAPI document
+# and hypothesis over every write endpoint, FUZZ_SCALE times the cases make test runs.
+FUZZ_SCALE ?= 3
+fuzz: install
+	AGENTTASKS_FUZZ_SCALE=$(FUZZ_SCALE) $(VENV)/bin/pytest --timeout=3600 -s \
+		tests/api/test_api_schemathesis.py tests/api/test_api_fuzz.py
 
 # Benchmarks against baselines measured in the same run, on PostgreSQL (not part of make test).
 bench: install

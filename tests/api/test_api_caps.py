@@ -94,9 +94,7 @@ def test_streams_are_capped_per_user_across_processes(
         for base in (here, other.url):
             third = streams(base, as_alice, conversation["id"])
             refused(third.status, third.body, message)
-            assert third.response.headers["Retry-After"] == "3" or int(
-                third.response.headers["Retry-After"]
-            ) in (1, 2, 3)
+            assert third.response.headers["Retry-After"] in ("1", "2", "3")
         assert streams(other.url, as_bob, theirs["id"]).status == 200  # bob has his own
 
         # A client that goes away frees its place within seconds (not at the keep-alive).
