@@ -7,6 +7,7 @@ not a refusal is a logged 500 whose body carries no traceback.
 
 import logging
 import math
+import re
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, JsonResponse
@@ -17,6 +18,18 @@ from rest_framework.views import set_rollback
 logger = logging.getLogger("agenttasks.api")
 
 INTERNAL_MESSAGE = "An unexpected error occurred"
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(value):
+    """Replace lone surrogates (valid in a JSON string, not in UTF-8) with U+FFFD, throughout."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
+    return value
 
 
 class ApiError(Exception):
@@ -31,9 +44,11 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        error = {"code": self.code, "message": self.message}
+        """The envelope; messages and details may quote the client's text, so it is made
+        encodable."""
+        error = {"code": self.code, "message": encodable(self.message)}
         if self.details is not None:
-            error["details"] = self.details
+            error["details"] = encodable(self.details)
         return {"error": error}
 
 

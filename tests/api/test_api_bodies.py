@@ -152,3 +152,22 @@ def test_a_name_of_255_characters_is_the_longest(as_alice):
         "/tasks", {"agentId": "echo", "input": "x", "files": [{**cjk_file(), "name": "é" + name}]}
     )
     error(response, 400, "VALIDATION_ERROR", "files[0].name must be at most 255 characters")
+
+
+# --- text that cannot be encoded -------------------------------------------------------------
+
+
+def test_a_lone_surrogate_in_a_refused_key_is_answered(as_alice, workers):
+    """An error that names the client's own text (a key) still renders: U+FFFD stands in."""
+    raw = '{"agentId": "echo", "input": "x", "\\ud800k": ' + nested(40) + "}"
+    found = error(as_alice.post("/tasks", raw=raw), 400, "VALIDATION_ERROR", TOO_DEEP)
+    assert found["details"] == {"fields": {"\ufffdk": [TOO_DEEP]}}
+
+    task = as_alice.create("asker", "go")
+    as_alice.wait_status(task["id"], "waiting_for_input")
+    action = as_alice.task(task["id"])["pendingActions"][0]
+    path = f"/conversations/{task['conversationId']}/actions/{action['id']}"
+    found = error(
+        as_alice.post(path, raw='{"answers": {"q\\udfff": "PDF"}}'), 400, "VALIDATION_ERROR"
+    )
+    assert found["message"] == "answers.q\ufffd: unknown question"
