@@ -75,7 +75,7 @@ def _read(django_request, limit: int) -> bytes:
 
 
 def parse(request):
-    """Return the request's JSON object, or None for an empty body; raise the §1.3 refusals."""
+    """Return the request's JSON object, or None for an empty body; refuse (400, 415) the rest."""
     django_request = getattr(request, "_request", request)
     limit = int(app_settings.MAX_REQUEST_BYTES)
     length = _length(django_request)

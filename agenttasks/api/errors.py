@@ -1,8 +1,7 @@
 """The uniform error envelope: `{"error": {"code", "message", "details"?}}`, for every error.
 
 The app's views use `handle` as their exception handler (never the host's EXCEPTION_HANDLER), so
-every refusal is an envelope with the status and code of spec/rest.md §1.6, and anything that is
-not a refusal is a logged 500 whose body carries no traceback.
+every refusal is an envelope with its status and code, and anything that is not a refusal is a logged 500 whose body carries no traceback.
 """
 
 import logging
@@ -128,7 +127,7 @@ def _translate(exc, context) -> ApiError | None:
 
 
 def handle(exc, context):
-    """The exception handler of the app's views (spec/rest.md §1.6)."""
+    """The exception handler of the app's views."""
     error = _translate(exc, context)
     set_rollback()
     if error is None:

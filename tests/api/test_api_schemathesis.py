@@ -1,4 +1,4 @@
-"""spec/rest.md §12 scenario 8: schemathesis against the served OpenAPI document.
+"""REST acceptance scenario 8: schemathesis against the served OpenAPI document.
 
 A live server (Django's threaded WSGI server, as runserver) and a real django-q2 cluster on the
 test database. Every operation but the stream gets generated requests in three phases: valid
