@@ -90,10 +90,12 @@ class EventStream:
         self._client_checked = now
         return slots.gone(self.client_fd)
 
+    def place_due(self) -> bool:
+        """Whether the place's lease is a third of the way through (time to renew it)."""
+        return time.monotonic() - self._renewed >= self.held.seconds / 3
+
     def keep_place(self) -> None:
-        """Renew the place a third of the way into its lease; end the stream if it was lost."""
-        if time.monotonic() - self._renewed < self.held.seconds / 3:
-            return
+        """Renew the place's lease; end the stream if the place was lost meanwhile."""
         self._renewed = time.monotonic()
         if not self.held.renew():
             logger.warning("api.stream_slot_lost conversation=%s", self.conversation_id)
@@ -211,7 +213,8 @@ def sync_stream(stream: EventStream):
                     continue
                 if stream.done or stream.client_gone():
                     break
-                stream.keep_place()
+                if stream.place_due():
+                    stream.keep_place()
                 if time.monotonic() - sent >= keepalive:
                     yield KEEPALIVE
                     sent = time.monotonic()
@@ -245,7 +248,8 @@ async def async_stream(stream: EventStream):
                     continue
                 if stream.done:
                     break
-                await sync_to_async(stream.keep_place)()
+                if stream.place_due():
+                    await sync_to_async(stream.keep_place)()
                 if time.monotonic() - sent >= keepalive:
                     yield KEEPALIVE
                     sent = time.monotonic()

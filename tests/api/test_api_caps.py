@@ -207,3 +207,23 @@ def test_the_cap_answers_the_envelope_over_the_api(as_alice):
             "19",
             "20",
         )
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_long_stream_keeps_renewing_its_place(request, kind, streams, as_alice):
+    base = request.getfixturevalue(f"{kind}_server")
+    conversation = as_alice.post("/conversations", {"agentId": "echo"}).json()["conversation"]
+    with agenttasks(MAX_STREAMS_PER_USER=1, SLOT_LEASE_SECONDS=1):
+        stream = streams(base, as_alice, conversation["id"])
+        assert stream.status == 200
+        (slot,) = Slot.objects.all()
+        wait_for(
+            lambda: (
+                Slot.objects.get(pk=slot.pk).expires_at > slot.expires_at + timedelta(seconds=2)
+            ),
+            timeout=10,
+            message="the lease renewed past its first expiry",
+        )
+        assert Slot.objects.get(pk=slot.pk).holder == slot.holder
+        stream.close()
+        wait_for(lambda: not Slot.objects.exists(), timeout=NOTICED, message="the release")
