@@ -171,3 +171,25 @@ def test_a_lone_surrogate_in_a_refused_key_is_answered(as_alice, workers):
         as_alice.post(path, raw='{"answers": {"q\\udfff": "PDF"}}'), 400, "VALIDATION_ERROR"
     )
     assert found["message"] == "answers.q\ufffd: unknown question"
+
+
+# --- no content type -------------------------------------------------------------------------
+
+
+def test_runserver_reads_a_body_without_a_content_type(server_process, as_alice):
+    """wsgiref declares text/plain for a request without a type; the demo's runserver does not."""
+    import http.client
+
+    server = server_process()
+    body = json.dumps({"agentId": "echo", "input": "untyped"}).encode()
+    statuses = []
+    for content_type in (None, "text/plain"):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        headers = {"Authorization": as_alice.headers["HTTP_AUTHORIZATION"]}
+        if content_type:
+            headers["Content-Type"] = content_type
+        connection.request("POST", "/api/agents/tasks", body=body, headers=headers)  # no type added
+        statuses.append(connection.getresponse().status)
+        connection.close()
+    assert statuses == [201, 415]  # a declared text/plain is still refused
+    assert Task.objects.filter(input="untyped").count() == 1
