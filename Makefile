@@ -3,26 +3,35 @@
 
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
+HOST      ?= 127.0.0.1
 PORT      ?= 8000
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/agenttasks
 BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 
-.PHONY: install run test test-sqlite test-postgres lint bench clean
+.PHONY: install install-demo run test test-sqlite test-postgres lint fuzz bench clean
 
+# What the demo needs (the app, psycopg for DATABASE_URL=postgres://…).
+$(VENV)/.demo: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[postgres]"
+	touch $@
+
+# The development tools too (pytest, ruff, playwright, schemathesis, uvicorn).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev,postgres]"
-	touch $@
+	touch $@ $(VENV)/.demo
+
+install-demo: $(VENV)/.demo
 
 install: $(VENV)/.installed
 
-run: install
-	$(PY) manage.py migrate --no-input
-	$(PY) manage.py demo_setup --port $(PORT)
-	@trap 'kill 0' INT TERM EXIT; \
-	$(PY) manage.py qcluster & \
-	$(PY) manage.py runserver 0.0.0.0:$(PORT)
+# One process runs both servers and stops both on Ctrl-C (project/management/commands/demo_run.py);
+# a busy port is one line of output.
+run: install-demo
+	@$(PY) manage.py demo_run --host $(HOST) --port $(PORT)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -40,6 +49,13 @@ test-sqlite: install
 
 test-postgres: install
 	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 $(VENV)/bin/pytest
+
+# Longer fuzzing than make test's (not part of it): schemathesis over the served OpenAPI document
+# and hypothesis over every write endpoint, FUZZ_SCALE times the cases make test runs.
+FUZZ_SCALE ?= 3
+fuzz: install
+	AGENTTASKS_FUZZ_SCALE=$(FUZZ_SCALE) $(VENV)/bin/pytest --timeout=3600 -s \
+		tests/api/test_api_schemathesis.py tests/api/test_api_fuzz.py
 
 # Benchmarks against baselines measured in the same run, on PostgreSQL (not part of make test).
 bench: install

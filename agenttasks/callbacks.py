@@ -1,9 +1,13 @@
 """Outbound callbacks: one POST per ending to the task's callbackUrl, sent after commit.
 
-The URL is checked when the task is created and again when the callback is sent: every address
-the host resolves to must be global (unless the host is allowed), and the connection goes to the
-address that was checked, so a DNS answer that changes in between cannot reach a refused
+The URL is checked when the task is created and again when the callback is sent: its port must
+be allowed (CALLBACK_ALLOWED_PORTS), and every address the host resolves to must be global, an
+IPv4 address embedded in an IPv6 one included (unless the host is allowed). The connection goes
+to the address that was checked, so a DNS answer that changes in between cannot reach a refused
 address. No redirects, no retries; the outcome is an event in the task's conversation.
+
+Receivers check the signature and its age with `verify` (this module imports without a
+configured Django, for receivers that are not Django sites).
 """
 
 import hashlib
@@ -18,16 +22,24 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from django.utils import timezone
 
-from . import __version__, queue, store
+from . import __version__, queue
 from .conf import app_settings
 from .exceptions import ConversationNotFound
-from .models import Task
 from .text import iso
 
 logger = logging.getLogger(__name__)
 
 NOTIFIED = ("completed", "failed", "waiting_for_input", "cancelled")
 MAX_URL_LENGTH = 2000
+DEFAULT_PORTS = {"http": 80, "https": 443}
+SIGNATURE_HEADER = "X-Agenttasks-Signature"
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits, which a translator reaches:
+# IPv4-compatible (deprecated), NAT64 well-known and local-use (RFC 6052, RFC 8215).
+EMBEDDING_PREFIXES = [
+    ipaddress.ip_network("::/96"),
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+]
 
 
 class CallbackURLError(ValueError):
@@ -58,11 +70,19 @@ def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
-def is_public(address: str) -> bool:
-    """Whether an address is global: not loopback, private, link-local, shared, reserved, …"""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries: 6to4, Teredo (server and client), NAT64."""
+    found = []
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    if any(ip in prefix for prefix in EMBEDDING_PREFIXES):
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def _global(ip) -> bool:
     return ip.is_global and not (
         ip.is_multicast
         or ip.is_reserved
@@ -73,11 +93,43 @@ def is_public(address: str) -> bool:
     )
 
 
+def is_public(address: str) -> bool:
+    """Whether an address is global: not loopback, private, link-local, shared, reserved, …
+
+    An IPv6 address that embeds an IPv4 address (mapped, 6to4, Teredo, NAT64) is public only if
+    the embedded address is too: a relay or translator would deliver to it.
+    """
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if not all(_global(embedded) for embedded in _embedded_ipv4(ip)):
+            return False
+    return _global(ip)
+
+
+def allowed_port(scheme: str, port: int, host: str) -> bool:
+    """Whether callbacks may go to this port (CALLBACK_ALLOWED_PORTS).
+
+    By default: the scheme's own port (80, 443), and any port of a host in
+    CALLBACK_ALLOWED_HOSTS. A list, when set, is the whole policy.
+    """
+    ports = app_settings.CALLBACK_ALLOWED_PORTS
+    if ports is not None:
+        return port in {int(p) for p in ports}
+    allowed = {h.lower() for h in app_settings.CALLBACK_ALLOWED_HOSTS or ()}
+    return port == DEFAULT_PORTS[scheme] or host in allowed
+
+
 def check_address(url: str) -> list[str]:
-    """Resolve the URL's host and return its addresses, refusing any that is not public."""
+    """Check the URL's port, resolve its host and return its addresses, refusing any that is
+    not public."""
     parts = urlsplit(url)
     host = parts.hostname.lower()
-    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    scheme = parts.scheme.lower()
+    port = parts.port or DEFAULT_PORTS[scheme]
+    if not allowed_port(scheme, port, host):
+        raise CallbackURLError(f"callbackUrl port {port} is not allowed")
     allowed = {h.lower() for h in app_settings.CALLBACK_ALLOWED_HOSTS or ()}
     try:
         addresses = [str(ipaddress.ip_address(host))]
@@ -95,20 +147,61 @@ def check_address(url: str) -> list[str]:
     return addresses
 
 
-def schedule(task: Task, status: str) -> None:
+def schedule(task, status: str) -> None:
     """Queue the callback of a task entering `status`, once per ending, if it has a URL."""
     if task.callback_url and status in NOTIFIED:
         queue.enqueue_job("agenttasks.callbacks.send", task.id, status, task.version)
 
 
+def _digest(secret: str, timestamp: int, body: bytes) -> str:
+    return hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+
+
 def signature(secret: str, timestamp: int, body: bytes) -> str:
     """The X-Agenttasks-Signature header value for a body sent at `timestamp`."""
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
+    return f"t={timestamp},v1={_digest(secret, timestamp, body)}"
+
+
+class InvalidSignature(ValueError):
+    """A callback whose signature is missing, wrong, or outside the time window."""
+
+
+def verify(headers, body, secret: str, tolerance: int = 300, *, now: float | None = None) -> None:
+    """Check a received callback's signature and its age; raise InvalidSignature if not good.
+
+    `headers` is any mapping of the request's headers (the name is matched in any case),
+    `body` the exact bytes received. The signed timestamp must be within `tolerance` seconds
+    of `now` (this machine's clock) either way, which bounds how long a captured callback can
+    be replayed.
+    """
+    header = next(
+        (v for k, v in dict(headers).items() if str(k).lower() == SIGNATURE_HEADER.lower()), None
+    )
+    if not header:
+        raise InvalidSignature(f"No {SIGNATURE_HEADER} header")
+    timestamp, candidates = None, []
+    for part in str(header).split(","):
+        key, _, value = part.strip().partition("=")
+        if key == "t" and value.isascii() and value.isdigit():
+            timestamp = int(value)
+        elif key == "v1":
+            candidates.append(value)
+    if timestamp is None or not candidates:
+        raise InvalidSignature(f"Malformed {SIGNATURE_HEADER} header")
+    raw = body.encode() if isinstance(body, str) else bytes(body)
+    expected = _digest(secret, timestamp, raw)
+    if not any(hmac.compare_digest(expected, c) for c in candidates):
+        raise InvalidSignature("The signature does not match the body")
+    age = (time.time() if now is None else now) - timestamp
+    if abs(age) > tolerance:
+        raise InvalidSignature(f"The signature is {int(abs(age))}s old; the limit is {tolerance}s")
 
 
 def send(task_id: str, status: str, version: int = 0) -> dict | None:
     """POST the callback of one ending (the queued job); record and log the outcome."""
+    from . import store
+    from .models import Task
+
     if version and not Task.objects.filter(pk=task_id, callback_version__lt=version).update(
         callback_version=version
     ):
@@ -127,7 +220,7 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     headers = {"Content-Type": "application/json", "User-Agent": f"agenttasks/{__version__}"}
     if app_settings.CALLBACK_SIGNING_SECRET:
-        headers["X-Agenttasks-Signature"] = signature(
+        headers[SIGNATURE_HEADER] = signature(
             app_settings.CALLBACK_SIGNING_SECRET, int(time.time()), body
         )
     started = time.monotonic()

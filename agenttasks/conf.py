@@ -21,8 +21,10 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "MAX_REQUEST_BYTES": 52_428_800,
     "MAX_INPUT_CHARS": 100_000,
     "MAX_METADATA_BYTES": 16_384,
+    "MAX_JSON_DEPTH": 32,
     "STREAM_MAX_SECONDS": 300,
     "STREAM_KEEPALIVE_SECONDS": 15,
+    "SLOT_LEASE_SECONDS": 30,
     "CALLBACK_TIMEOUT": 10,
     "MODEL_TIMEOUT": 120,
     "DELEGATION_MAX_DEPTH": 3,
@@ -35,8 +37,10 @@ DEFAULTS: dict[str, Any] = {
     **NUMERIC_DEFAULTS,
     # An int, or a dotted path to a zero-argument callable returning one; read at every spawn.
     "MAX_CONCURRENT_PER_PARENT": 6,
-    # 0 means no limit, so this one is not in NUMERIC_DEFAULTS.
+    # 0 means no limit, so these are not in NUMERIC_DEFAULTS.
     "MAX_ACTIVE_TASKS_PER_USER": 20,
+    "MAX_STREAMS_PER_USER": 10,
+    "MAX_WAITS_PER_USER": 10,
     # 0 means no retries at all, so this one is not in NUMERIC_DEFAULTS either.
     "MODEL_RETRIES": 2,
     "CONTINUE": {},
@@ -47,6 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "AUTHENTICATION_CLASSES": None,
     "THROTTLE_RATES": {},
     "CALLBACK_ALLOWED_HOSTS": [],
+    # None: the scheme's own port, and any port of an allowed host.
+    "CALLBACK_ALLOWED_PORTS": None,
     "CALLBACK_SIGNING_SECRET": None,
     "SERVE_DOCS": True,
     "FILES": {
@@ -69,6 +75,14 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_MODEL": None,
     "MODEL_HEADERS": {},
 }
+
+# Integer settings where 0 is a value of its own ("no limit", "no retries").
+ZERO_ALLOWED = (
+    "MAX_ACTIVE_TASKS_PER_USER",
+    "MAX_STREAMS_PER_USER",
+    "MAX_WAITS_PER_USER",
+    "MODEL_RETRIES",
+)
 
 # Settings that fall back to an environment variable when unset or empty.
 ENVIRONMENT_FALLBACKS = {
@@ -109,7 +123,7 @@ class AppSettings:
             if isinstance(raw, str):
                 raw = import_string(raw)()
             return int(_positive_number(raw, default))
-        if name in ("MAX_ACTIVE_TASKS_PER_USER", "MODEL_RETRIES"):
+        if name in ZERO_ALLOWED:
             return int(raw) if isinstance(raw, int) and raw >= 0 else default
         if name in ENVIRONMENT_FALLBACKS:
             # The environment is read when a value is needed, never at import time.

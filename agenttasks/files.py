@@ -11,6 +11,7 @@ import binascii
 import fnmatch
 import hashlib
 import logging
+import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 MIME_RE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9*][a-z0-9!#$&^_.+*-]*")
 WHITESPACE = re.compile(rb"[ \t\n\r\f\v]+")
-MAX_NAME = 255
+MAX_NAME = 255  # characters of the display name (File.name)
+STORED_NAME_BYTES = 100  # bytes of the stored name's last part: file systems allow 255
+MAX_EXTENSION_BYTES = 16
 
 
 def storage():
@@ -125,7 +128,7 @@ def type_allowed(mime_type: str, patterns) -> bool:
 
 
 def check(agent_id: str, rules: dict, uploads: list[Upload], existing: int = 0) -> None:
-    """Apply the policy in the order of spec/rest.md §6.1; raise FileRefused at the first fault."""
+    """Apply the policy (enabled, count, type, size); raise FileRefused at the first fault."""
     if not uploads:
         return
     if not rules.get("enabled", True):
@@ -175,12 +178,24 @@ def kept_only_on_success():
         raise
 
 
+def fit_bytes(name: str, limit: int = STORED_NAME_BYTES) -> str:
+    """Cut a file name to at most `limit` UTF-8 bytes, on a character boundary, keeping its
+    extension (a CJK character is 3 bytes: 100 of them overflow a file system's 255)."""
+    if len(name.encode()) <= limit:
+        return name
+    stem, extension = os.path.splitext(name)
+    if len(extension.encode()) > MAX_EXTENSION_BYTES:
+        stem, extension = name, ""
+    room = limit - len(extension.encode())
+    return stem.encode()[:room].decode("utf-8", "ignore") + extension
+
+
 def _storage_name(conversation_id: str, upload: Upload) -> str:
     try:
-        safe = get_valid_filename(upload.name)[:100]
+        safe = get_valid_filename(upload.name)
     except SuspiciousFileOperation:
         safe = "file"
-    return f"agenttasks/{conversation_id}/{upload.id}/{safe or 'file'}"
+    return f"agenttasks/{conversation_id}/{upload.id}/{fit_bytes(safe) or 'file'}"
 
 
 def save(uploads, *, conversation_id, owner, rules: dict, task_id=None, written=None) -> list:

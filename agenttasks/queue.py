@@ -4,6 +4,7 @@ Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endi
 """
 
 import functools
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -169,21 +170,47 @@ def enqueue_job(func: str, *args) -> None:
 
 
 def install_schedule(name: str, func: str, minutes: int = 1) -> None:
-    """Make sure a repeating django-q2 schedule runs `func` every `minutes` (idempotent)."""
+    """Make sure exactly one repeating django-q2 schedule named `name` runs `func`."""
     from django_q.models import Schedule
 
     try:
-        Schedule.objects.get_or_create(
-            name=name,
-            defaults={
-                "func": func,
-                "schedule_type": Schedule.MINUTES,
-                "minutes": minutes,
-                "repeats": -1,
-            },
-        )
+        with transaction.atomic():
+            # Every worker of every cluster calls this as it starts, all at the same moment.
+            _lock_schedules(name)
+            rows = list(
+                Schedule.objects.filter(name=name).order_by("id").values_list("id", flat=True)
+            )
+            if not rows:
+                Schedule.objects.create(
+                    name=name,
+                    func=func,
+                    schedule_type=Schedule.MINUTES,
+                    minutes=minutes,
+                    repeats=-1,
+                )
+            elif len(rows) > 1:  # left by versions that raced here
+                Schedule.objects.filter(pk__in=rows[1:]).delete()
     except Exception:
         logger.exception("queue.schedule_failed name=%s", name)
+        return
+    logger.debug("queue.schedule_ready name=%s removed=%d", name, max(len(rows) - 1, 0))
+
+
+def _lock_schedules(name: str) -> None:
+    """Serialize the installs of one schedule until the caller's transaction ends."""
+    from django_q.models import Schedule
+
+    connection = transaction.get_connection()
+    if connection.vendor == "postgresql":
+        digest = hashlib.sha256(f"agenttasks:schedule:{name}".encode()).digest()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s)", [int.from_bytes(digest[:8], "big", signed=True)]
+            )
+    else:
+        # A write takes SQLite's write lock even when it matches no row (IMMEDIATE transactions
+        # already hold it; deferred ones would otherwise race between the read and the insert).
+        Schedule.objects.filter(name=name, pk__lt=0).update(name=name)
 
 
 def on_worker_start(receiver) -> None:

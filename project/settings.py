@@ -1,4 +1,4 @@
-"""Settings of the agenttasks demo site.
+"""Settings of the agenttasks demo site (and the test suite's base): not for production.
 
 SQLite (embedded) by default; DATABASE_URL=postgres://user@host:port/name switches to PostgreSQL.
 """
@@ -10,11 +10,17 @@ from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret")
+# The demo's insecure choices live here only, and `make run` names each one still in effect
+# in its banner (project/management/commands/demo_setup.py); it listens on 127.0.0.1 by default.
+DEMO_SECRET_KEY = "demo-only-not-secret"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or DEMO_SECRET_KEY
 DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = ["*"]
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [
+    # First, so that its `runserver` (which keeps a request's missing Content-Type missing)
+    # wins over the one of django.contrib.staticfiles.
+    "project",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -26,7 +32,6 @@ INSTALLED_APPS = [
     "drf_spectacular",  # only for `manage.py spectacular` (make test validates the API schema)
     "django_q",
     "agenttasks",
-    "project",
 ]
 
 MIDDLEWARE = [
@@ -74,7 +79,7 @@ def database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        # django-q2 closes connections around every step: reusing them is 7x faster (DESIGN §5).
+        # django-q2 closes connections around every step: reusing them is 7x faster.
         # Under ASGI every request runs in a thread of its own, so a persistent connection would
         # be left behind by each; there DB_POOL=1 uses Django's connection pool instead.
         "CONN_MAX_AGE": 0 if POOLED else 60,
@@ -123,6 +128,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    # The demo is reached directly, so no X-Forwarded-For is believed; behind n reverse proxies
+    # set NUM_PROXIES=n (throttles then count the address the nearest proxy saw).
+    "NUM_PROXIES": int(os.environ.get("NUM_PROXIES", "0")),
 }
 
 Q_CLUSTER = {

@@ -1,4 +1,5 @@
-"""The operator admin in a real browser: Debian's Chromium, a live server and a real cluster."""
+"""The operator admin in a real browser (Debian's Chromium, a live server, a real cluster), and
+the REST API from a page of a browser logged into it."""
 
 from pathlib import Path
 
@@ -139,3 +140,45 @@ def test_operator_cancels_and_approves_in_a_browser(live_server, start_cluster, 
     expect(page.locator("#counts")).to_contain_text("completed")
     expect(page.locator("#chart svg")).to_be_visible()
     page.screenshot(path=ARTIFACTS / "admin-overview.png", full_page=True)
+
+
+CREATE_WITH_FETCH = """async (token) => {
+  const headers = {"Content-Type": "application/json"};
+  if (token !== null) headers["X-CSRFToken"] = token;
+  const response = await fetch("/api/agents/tasks", {
+    method: "POST",
+    headers,
+    credentials: "same-origin",
+    body: JSON.stringify({agentId: "echo", input: "from the browser"}),
+  });
+  return {status: response.status, body: await response.json()};
+}"""
+CSRF_COOKIE = (
+    """() => document.cookie.split("; ").find(c => c.startsWith("csrftoken=")).slice(10)"""
+)
+
+
+def test_a_logged_in_browser_creates_a_task_with_fetch(live_server, browser):
+    """Session authentication: the admin's login, then the REST API from a page of the site."""
+    operator = get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password")
+    page = browser.new_page()
+    page.set_default_timeout(20_000)
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "ops-password")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+    page.goto(live_server.url + "/")
+    token = page.evaluate(CSRF_COOKIE)
+
+    created = page.evaluate(CREATE_WITH_FETCH, token)
+    assert created["status"] == 201, created
+    task = Task.objects.get(pk=created["body"]["task"]["id"])
+    assert (task.owner_id, task.input) == (operator.pk, "from the browser")
+
+    for wrong in (None, "x" * 32):
+        refused = page.evaluate(CREATE_WITH_FETCH, wrong)
+        assert refused["status"] == 403, refused
+        assert refused["body"]["error"]["code"] == "FORBIDDEN"
+        assert refused["body"]["error"]["message"].startswith("CSRF Failed: ")
+    assert Task.objects.count() == 1

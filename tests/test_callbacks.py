@@ -152,15 +152,46 @@ REFUSED = [
     ("http://localhost/cb", "callbackUrl resolves to a non-public address: 127.0.0.1"),
     ("http://mixed.test/cb", "callbackUrl resolves to a non-public address: 10.1.2.3"),
     ("http://nowhere.test/cb", "callbackUrl host could not be resolved: nowhere.test"),
+    # IPv6 addresses that carry a non-public IPv4 address: 6to4, Teredo, NAT64, IPv4-compatible.
+    (
+        "http://[2002:c0a8:101::1]/cb",
+        "callbackUrl resolves to a non-public address: 2002:c0a8:101::1",
+    ),
+    ("http://[2002:7f00:1::]/cb", "callbackUrl resolves to a non-public address: 2002:7f00:1::"),
+    ("http://6to4.test/cb", "callbackUrl resolves to a non-public address: 2002:a00:5::1"),
+    (
+        "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/cb",
+        "callbackUrl resolves to a non-public address: 2001:0:4136:e378:8000:63bf:f5ff:fffe",
+    ),
+    (
+        "http://[2001:0:c0a8:101:8000:63bf:f7ba:fefd]/cb",
+        "callbackUrl resolves to a non-public address: 2001:0:c0a8:101:8000:63bf:f7ba:fefd",
+    ),
+    ("http://[64:ff9b::a00:1]/cb", "callbackUrl resolves to a non-public address: 64:ff9b::a00:1"),
+    (
+        "http://[64:ff9b:1::a9fe:a9fe]/cb",
+        "callbackUrl resolves to a non-public address: 64:ff9b:1::a9fe:a9fe",
+    ),
+    ("http://[::a00:1]/cb", "callbackUrl resolves to a non-public address: ::a00:1"),
+    # Ports: by default only the scheme's own.
+    ("http://public.test:8080/cb", "callbackUrl port 8080 is not allowed"),
+    ("https://public.test:22/cb", "callbackUrl port 22 is not allowed"),
+    ("http://public.test:443/cb", "callbackUrl port 443 is not allowed"),
     ("http://" + "a" * 2000 + ".test/", "callbackUrl must be at most 2000 characters"),
 ]
 
 
+DNS = {
+    "localhost": ["127.0.0.1"],
+    "mixed.test": ["93.184.216.34", "10.1.2.3"],
+    "6to4.test": ["2002:808:808::1", "2002:a00:5::1"],
+    "public.test": ["93.184.216.34"],
+}
+
+
 @pytest.mark.parametrize("url, message", REFUSED)
 def test_guard_at_create(user, resolver, url, message):
-    resolver.answers.update(
-        {"localhost": ["127.0.0.1"], "mixed.test": ["93.184.216.34", "10.1.2.3"]}
-    )
+    resolver.answers.update(DNS)
     with pytest.raises(CallbackURLError) as raised:
         lifecycle.create(owner=user, agent_id="echo", input="x", callback_url=url)
     assert str(raised.value) == message
@@ -176,13 +207,32 @@ def test_public_and_allowed_hosts_pass(user, resolver):
     with override_settings(AGENTTASKS={"CALLBACK_ALLOWED_HOSTS": ["Hooks.Internal"]}):
         resolver.answers["hooks.internal"] = ["10.0.0.7"]
         assert callbacks.check_address("http://hooks.internal/cb") == ["10.0.0.7"]
+        # An allowed host may use any port.
+        assert callbacks.check_address("http://hooks.internal:9000/cb") == ["10.0.0.7"]
+    # 6to4 of a public IPv4 address is public.
+    assert callbacks.check_address("https://[2002:808:808::1]:443/cb") == ["2002:808:808::1"]
 
 
-@pytest.mark.parametrize("url, message", [(u, m) for u, m in REFUSED if "resolves" in m])
+def test_allowed_ports_setting(user, resolver):
+    resolver.answers.update({"public.test": ["93.184.216.34"], "hooks.internal": ["10.0.0.7"]})
+    strict = {"CALLBACK_ALLOWED_PORTS": [8443], "CALLBACK_ALLOWED_HOSTS": ["hooks.internal"]}
+    with override_settings(AGENTTASKS=strict):
+        assert callbacks.check_address("https://public.test:8443/cb") == ["93.184.216.34"]
+        for url, port in [
+            ("https://public.test/cb", 443),
+            ("http://public.test/cb", 80),
+            ("http://hooks.internal:9000/cb", 9000),  # a list is the whole policy
+        ]:
+            with pytest.raises(CallbackURLError) as raised:
+                callbacks.check_address(url)
+            assert str(raised.value) == f"callbackUrl port {port} is not allowed"
+
+
+@pytest.mark.parametrize(
+    "url, message", [(u, m) for u, m in REFUSED if "resolves" in m or "port" in m]
+)
 def test_guard_at_send(user, resolver, monkeypatch, url, message):
-    resolver.answers.update(
-        {"localhost": ["127.0.0.1"], "mixed.test": ["93.184.216.34", "10.1.2.3"]}
-    )
+    resolver.answers.update(DNS)
     task = store.create_task(NewTask(owner=user, agent="echo", input="x", callback_url=url))
     store.claim(task.run_id)
     store.finalize(task.id, task.run_id, "completed", result="ok")
@@ -224,3 +274,54 @@ def test_the_connection_goes_to_the_checked_address(user, resolver, receiver):
     assert resolver.calls == ["cb.test"]
     (request,) = receiver.requests
     assert request["headers"]["Host"] == f"cb.test:{receiver.port}"
+
+
+# --- verify, for receivers ---------------------------------------------------------------------
+
+
+@override_settings(AGENTTASKS={**ALLOW_LOOPBACK, "CALLBACK_SIGNING_SECRET": "s3cret"})
+def test_verify_accepts_a_callback_as_sent(user, receiver):
+    task = ended(user, "completed", receiver.url)
+    callbacks.send(task.id, "completed", task.version)
+    (request,) = receiver.requests
+    assert callbacks.verify(request["headers"], request["raw"], "s3cret") is None
+    lower = {k.lower(): v for k, v in request["headers"].items()}
+    assert callbacks.verify(lower, request["raw"], "s3cret") is None
+    with pytest.raises(callbacks.InvalidSignature, match="does not match"):
+        callbacks.verify(request["headers"], request["raw"], "other")
+    with pytest.raises(callbacks.InvalidSignature, match="does not match"):
+        callbacks.verify(request["headers"], request["raw"] + b" ", "s3cret")
+
+
+def test_verify_refuses_old_future_missing_and_malformed_signatures():
+    body = b'{"taskId":"task_x","status":"completed","timestamp":"2025-01-01T00:00:05.000Z"}'
+    header = {"X-Agenttasks-Signature": callbacks.signature("k", 1_000_000, body)}
+    callbacks.verify(header, body, "k", now=1_000_300)
+    callbacks.verify(header, body.decode(), "k", now=999_700)
+    with pytest.raises(callbacks.InvalidSignature, match="301s old; the limit is 300s"):
+        callbacks.verify(header, body, "k", now=1_000_301)
+    with pytest.raises(callbacks.InvalidSignature, match="old; the limit is 300s"):
+        callbacks.verify(header, body, "k", now=999_699)  # signed in the future
+    with pytest.raises(callbacks.InvalidSignature, match="61s old; the limit is 60s"):
+        callbacks.verify(header, body, "k", tolerance=60, now=1_000_061)
+    with pytest.raises(callbacks.InvalidSignature, match="No X-Agenttasks-Signature header"):
+        callbacks.verify({}, body, "k", now=1_000_000)
+    for bad in ["", "t=abc,v1=00", "v1=00", "t=1000000", "garbage"]:
+        with pytest.raises(callbacks.InvalidSignature):
+            callbacks.verify({"X-Agenttasks-Signature": bad}, body, "k", now=1_000_000)
+    # Several v1 values (a receiver rotating its secret): any one that matches is enough.
+    rotated = {"x-agenttasks-signature": header["X-Agenttasks-Signature"] + ",v1=" + "0" * 64}
+    callbacks.verify(rotated, body, "k", now=1_000_000)
+
+
+def test_callbacks_imports_without_django_settings():
+    """A receiver that is not a Django site can import verify."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time; from agenttasks import callbacks as c; b = b'{}'; "
+        "c.verify({'X-Agenttasks-Signature': c.signature('k', int(time.time()), b)}, b, 'k')"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)

@@ -1,16 +1,35 @@
-"""Request bodies (spec/rest.md §1.3): JSON objects only, size decided before parsing.
+"""Request bodies: JSON objects only, size decided before parsing, depth right after.
 
 The app reads the body itself instead of through DRF's parsers so that the size limit is its own
 (MAX_REQUEST_BYTES, not DATA_UPLOAD_MAX_MEMORY_SIZE), a body without a content type is read as
 JSON, and JSON the database cannot store (NaN, Infinity) is malformed here rather than a 500 later.
+A body nested deeper than MAX_JSON_DEPTH is refused before any code walks it recursively (the
+checks, the serializers and the database adapters all recurse).
 """
 
 import json
+
+from rest_framework.parsers import BaseParser
 
 from ..conf import app_settings
 from . import errors
 
 CHUNK = 1 << 16
+
+
+class Unread(BaseParser):
+    """DRF's parser slot, filled without reading the body (`parse` below reads it).
+
+    Session authentication runs Django's CSRF check on DRF's request, and that check reads
+    `request.POST`: with no parser at all DRF would answer 415 to every JSON write of a logged-in
+    browser. This parser yields empty data for any content type and leaves the stream unread.
+    Its media type is what the OpenAPI document lists for request bodies.
+    """
+
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return {}
 
 
 def _constant(name):
@@ -56,7 +75,7 @@ def _read(django_request, limit: int) -> bytes:
 
 
 def parse(request):
-    """Return the request's JSON object, or None for an empty body; raise the §1.3 refusals."""
+    """Return the request's JSON object, or None for an empty body; refuse (400, 415) the rest."""
     django_request = getattr(request, "_request", request)
     limit = int(app_settings.MAX_REQUEST_BYTES)
     length = _length(django_request)
@@ -78,4 +97,34 @@ def parse(request):
         raise errors.validation("Malformed JSON body") from None
     if not isinstance(data, dict):
         raise errors.validation("The request body must be a JSON object")
+    check_depth(data, int(app_settings.MAX_JSON_DEPTH))
     return data
+
+
+def too_deep(data: dict, limit: int) -> str | None:
+    """Return the top-level key under which the body nests deeper than `limit`, or None.
+
+    The body itself is level 1. Iterative, so any depth the parser accepted can be measured.
+    """
+    stack = [(value, 2, key) for key, value in data.items()]
+    while stack:
+        value, depth, key = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return key
+        stack.extend((child, depth + 1, key) for child in children)
+    return None
+
+
+def check_depth(data: dict, limit: int) -> None:
+    """Refuse (400) a body nested deeper than MAX_JSON_DEPTH levels."""
+    key = too_deep(data, limit)
+    if key is not None:
+        raise errors.validation(
+            f"The request body must not be nested more than {limit} levels deep", key
+        )

@@ -1,12 +1,12 @@
 """The uniform error envelope: `{"error": {"code", "message", "details"?}}`, for every error.
 
 The app's views use `handle` as their exception handler (never the host's EXCEPTION_HANDLER), so
-every refusal is an envelope with the status and code of spec/rest.md §1.6, and anything that is
-not a refusal is a logged 500 whose body carries no traceback.
+every refusal is an envelope with its status and code, and anything that is not a refusal is a logged 500 whose body carries no traceback.
 """
 
 import logging
 import math
+import re
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, JsonResponse
@@ -19,6 +19,18 @@ from ..exceptions import ActiveTaskLimit
 logger = logging.getLogger("agenttasks.api")
 
 INTERNAL_MESSAGE = "An unexpected error occurred"
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(value):
+    """Replace lone surrogates (valid in a JSON string, not in UTF-8) with U+FFFD, throughout."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
+    return value
 
 
 class ApiError(Exception):
@@ -33,9 +45,11 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        error = {"code": self.code, "message": self.message}
+        """The envelope; messages and details may quote the client's text, so it is made
+        encodable."""
+        error = {"code": self.code, "message": encodable(self.message)}
         if self.details is not None:
-            error["details"] = self.details
+            error["details"] = encodable(self.details)
         return {"error": error}
 
 
@@ -125,7 +139,7 @@ def _translate(exc, context) -> ApiError | None:
 
 
 def handle(exc, context):
-    """The exception handler of the app's views (spec/rest.md §1.6)."""
+    """The exception handler of the app's views."""
     error = _translate(exc, context)
     set_rollback()
     if error is None:

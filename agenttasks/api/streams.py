@@ -1,4 +1,4 @@
-"""The events stream (spec/rest.md §4.2): Server-Sent Events over one conversation's log.
+"""The events stream: Server-Sent Events over one conversation's log.
 
 A stream sends a snapshot (no `id:`), replays the events after the resume point, then sends each
 new event as it is committed. It waits on the in-process hub, which PostgreSQL NOTIFY also feeds,
@@ -8,6 +8,10 @@ the conversation's row lock until it commits, so a stream never skips or repeats
 
 The same `EventStream` is driven by a generator under WSGI (one thread per open stream) and by an
 async generator under ASGI (the database reads run in the request's own thread).
+
+Each open stream holds one of its user's MAX_STREAMS_PER_USER places (api.slots), renewed while it
+runs and given back when it ends. A WSGI stream checks its connection every CLIENT_CHECK seconds
+and ends when the client has gone; under ASGI the server cancels it at the disconnect.
 """
 
 import asyncio
@@ -16,18 +20,20 @@ import logging
 import time
 
 from asgiref.sync import sync_to_async
+from django.http import StreamingHttpResponse
 
 from ..conf import app_settings
 from ..listen import conversation_key, hub
 from ..models import Conversation, Event, Run, Task
 from ..states import RUN_ACTIVE, TERMINAL
-from . import errors
+from . import errors, slots
 from .serializers import EventSerializer, TaskSerializer, pending_actions
 
 logger = logging.getLogger("agenttasks.api")
 
 POLL = 0.2  # the polling fallback: well under the 250 ms a new event may take to arrive
 DELETED_CHECK = 1.0
+CLIENT_CHECK = 1.0
 BATCH = 200
 KEEPALIVE = ": keep-alive\n\n"
 ERROR_FRAME = (
@@ -54,14 +60,49 @@ def frame(event: Event) -> str:
 class EventStream:
     """What one open stream has sent, and how to read what comes next."""
 
-    def __init__(self, conversation_id: str, task_id: str | None, resume: int | None, until: bool):
+    def __init__(
+        self,
+        conversation_id: str,
+        task_id: str | None,
+        resume: int | None,
+        until: bool,
+        held: slots.Held | None = None,
+        client_fd: int | None = None,
+    ):
         self.conversation_id = conversation_id
         self.task_id = task_id
         self.resume = resume
         self.until_terminal = until
+        self.held = held or slots.Held(None, "", 0)
+        self.client_fd = client_fd
         self.last = 0
         self.done = False
         self._checked = time.monotonic()
+        self._client_checked = self._renewed = time.monotonic()
+
+    # --- the stream's place and its client ----------------------------------------------------
+
+    def client_gone(self) -> bool:
+        """Whether the (WSGI) client closed the connection; checked every CLIENT_CHECK seconds."""
+        now = time.monotonic()
+        if now - self._client_checked < CLIENT_CHECK:
+            return False
+        self._client_checked = now
+        return slots.gone(self.client_fd)
+
+    def place_due(self) -> bool:
+        """Whether the place's lease is a third of the way through (time to renew it)."""
+        return time.monotonic() - self._renewed >= self.held.seconds / 3
+
+    def keep_place(self) -> None:
+        """Renew the place's lease; end the stream if the place was lost meanwhile."""
+        self._renewed = time.monotonic()
+        if not self.held.renew():
+            logger.warning("api.stream_slot_lost conversation=%s", self.conversation_id)
+            self.done = True
+
+    def release(self) -> None:
+        self.held.release()
 
     # --- reads (each runs in a thread that may use the ORM) -----------------------------------
 
@@ -170,8 +211,10 @@ def sync_stream(stream: EventStream):
                     yield text
                     sent = time.monotonic()
                     continue
-                if stream.done:
+                if stream.done or stream.client_gone():
                     break
+                if stream.place_due():
+                    stream.keep_place()
                 if time.monotonic() - sent >= keepalive:
                     yield KEEPALIVE
                     sent = time.monotonic()
@@ -181,6 +224,8 @@ def sync_stream(stream: EventStream):
     except Exception:
         logger.exception("api.stream_failed conversation=%s", stream.conversation_id)
         yield ERROR_FRAME
+    finally:
+        stream.release()
 
 
 async def async_stream(stream: EventStream):
@@ -203,6 +248,8 @@ async def async_stream(stream: EventStream):
                     continue
                 if stream.done:
                     break
+                if stream.place_due():
+                    await sync_to_async(stream.keep_place)()
                 if time.monotonic() - sent >= keepalive:
                     yield KEEPALIVE
                     sent = time.monotonic()
@@ -215,3 +262,23 @@ async def async_stream(stream: EventStream):
     except Exception:
         logger.exception("api.stream_failed conversation=%s", stream.conversation_id)
         yield ERROR_FRAME
+    finally:
+        # Also after a disconnect (the server cancels this task): give the place back now.
+        await sync_to_async(stream.release)()
+
+
+class StreamResponse(StreamingHttpResponse):
+    """An events stream that gives its place back when the server closes it, even if it never
+    started iterating (a generator that never ran has no `finally` to run)."""
+
+    def __init__(self, content, stream: EventStream):
+        super().__init__(content, content_type="text/event-stream")
+        self.stream = stream
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"
+
+    def close(self):
+        try:
+            self.stream.release()
+        finally:
+            super().close()

@@ -1,5 +1,11 @@
-"""Rate limits for the `read` and `write` scopes (AGENTTASKS["THROTTLE_RATES"], spec §1.8)."""
+"""Rate limits for the `read` and `write` scopes (AGENTTASKS["THROTTLE_RATES"]).
 
+The anonymous principal is counted per client address, which is REMOTE_ADDR unless the site says
+how many proxies it runs behind (REST_FRAMEWORK["NUM_PROXIES"]): a client writes whatever it
+likes into X-Forwarded-For, so only the entries the site's own proxies appended are believed.
+"""
+
+from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
 from ..conf import app_settings
@@ -9,6 +15,21 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 def scope_of(method: str) -> str:
     return "write" if method.upper() in WRITE_METHODS else "read"
+
+
+def client_address(request) -> str:
+    """The client's address as NUM_PROXIES says; unset or 0 trusts no X-Forwarded-For.
+
+    (DRF itself trusts the whole header when NUM_PROXIES is unset.)
+    """
+    remote = request.META.get("REMOTE_ADDR") or ""
+    proxies = api_settings.NUM_PROXIES
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
+    if not proxies or not forwarded:
+        return remote
+    addresses = forwarded.split(",")
+    # Each trusted proxy appended the address it saw: the n-th from the right is the client.
+    return addresses[-min(int(proxies), len(addresses))].strip()
 
 
 class ScopeThrottle(SimpleRateThrottle):
@@ -26,7 +47,7 @@ class ScopeThrottle(SimpleRateThrottle):
         if user is not None and user.is_authenticated:
             ident = f"user:{user.pk}"
         else:
-            ident = f"addr:{self.get_ident(request)}"
+            ident = f"addr:{client_address(request)}"
         return f"agenttasks:throttle:{self.scope}:{ident}"
 
 

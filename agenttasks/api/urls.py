@@ -14,6 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 from . import errors, schema, views
 
 ROUTES = [
+    ("", schema.IndexView, "index"),
     ("tasks", views.TaskListView, "tasks"),
     ("tasks/<taskId>", views.TaskView, "task"),
     ("tasks/<taskId>/status", views.TaskStatusView, "task-status"),
@@ -52,7 +53,11 @@ def route_not_found(request, *args, **kwargs) -> HttpResponse:
 
 
 urlpatterns = [
-    *(re_path(rf"^{_regex(r)}/?$", view.as_view(), name=name) for r, view, name in ROUTES),
+    # The mount point itself is the index ("^/?$" would start with a slash: urls.W002).
+    *(
+        re_path(rf"^{_regex(r)}/?$" if r else "^$", view.as_view(), name=name)
+        for r, view, name in ROUTES
+    ),
     re_path(r"^docs/assets/(?P<name>[^/]+)/?$", schema.AssetView.as_view(), name="docs-asset"),
     re_path(r"^", route_not_found, name="route-not-found"),
 ]

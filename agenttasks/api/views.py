@@ -1,8 +1,8 @@
-"""The REST views (spec/rest.md): thin DRF views that validate, check, and call the lifecycle.
+"""The REST views: thin DRF views that validate, check, and call the lifecycle.
 
 Every view answers in the app's own terms whatever the host configured: its authentication
 (AGENTTASKS["AUTHENTICATION_CLASSES"] or DRF's default), its permission rule, its throttles, its
-body reading, its JSON renderer and its error envelope. Checks run in the global order of §1.6:
+body reading, its JSON renderer and its error envelope. Checks run in one global order:
 identity, throttle, body syntax, the path's resources (404, then 403, outermost first), body and
 query validation, the endpoint's own checks, then state conflicts. A rejected request writes
 nothing.
@@ -15,7 +15,7 @@ from urllib.parse import quote
 from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.db.models import Prefetch
-from django.http import FileResponse, StreamingHttpResponse
+from django.http import FileResponse
 from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -45,7 +45,7 @@ from ..exceptions import (
 from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task
 from ..runtime import registry
 from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, RunStatus, TaskKind, TaskStatus
-from . import body, errors, streams
+from . import body, errors, slots, streams
 from . import serializers as s
 from .pagination import SQL_MAX, non_negative, page, page_body, page_params
 from .permissions import IdentityRequired, check_owner, owner_id, user_of
@@ -115,7 +115,7 @@ class ApiView(APIView):
     """The app's own policies, whatever the host's REST_FRAMEWORK defaults say."""
 
     anonymous_list = False
-    parser_classes: list = []  # bodies are read by api.body, before any view logic
+    parser_classes = [body.Unread]  # bodies are read by api.body, before any view logic
     renderer_classes = [JSONRenderer]
     content_negotiation_class = FirstRenderer
     metadata_class = None
@@ -236,7 +236,7 @@ def action_pending(task: Task, action_ids) -> errors.ApiError:
 
 
 def reopen_refusal(task: Task) -> errors.ApiError | None:
-    """Why a comment cannot re-open this task now, or None (§2.8's table)."""
+    """Why a comment cannot re-open this task now, or None."""
     if task.kind == DELEGATE or task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
         return task_busy(task)
     if task.status == TaskStatus.WAITING_FOR_INPUT:
@@ -427,12 +427,25 @@ class TaskWaitView(ApiView):
     def get(self, request, taskId):
         task = self.task(taskId, queryset=Task.objects.select_related("run"))
         timeout = min(seconds(request.query_params.get("timeout")), app_settings.MAX_STATUS_WAIT)
+        # The wait's place lapses on its own shortly after the wait would have returned.
+        held = slots.take(
+            request,
+            slots.WAIT,
+            app_settings.MAX_WAITS_PER_USER,
+            timeout + app_settings.SLOT_LEASE_SECONDS,
+        )
+        client = slots.client_socket(request._request)
         try:
             task = lifecycle.wait_for(
-                task.id, wait=timeout, settled=TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
+                task.id,
+                wait=timeout,
+                settled=TERMINAL | {TaskStatus.WAITING_FOR_INPUT},
+                stop_check=lambda: slots.gone(client),
             )
         except TaskNotFound:
             raise errors.not_found(f"Task not found: {taskId}") from None
+        finally:
+            held.release()
         if Conversation.objects.filter(pk=task.conversation_id, deleting_at__isnull=False).exists():
             raise errors.not_found(f"Task not found: {taskId}")
         return Response(s.TaskStatusSerializer.present(task))
@@ -755,7 +768,7 @@ class MessagesView(ApiView):
             raise errors.validation("order must be asc or desc", "order")
         rows = Event.objects.filter(conversation_id=conversation.id, type__in=MESSAGE_TYPES)
         # A turn that only called tools is logged with null content for the transcript; it is
-        # not a message anyone wrote (spec/rest.md §4.3).
+        # not a message anyone wrote.
         rows = rows.exclude(type="message.assistant", data__content=None)
         rows = rows.order_by("seq" if order == "asc" else "-seq")
         items, total = page(rows, limit, offset)
@@ -932,17 +945,23 @@ class EventStreamView(ApiView):
             resume = min(int(header), SQL_MAX) if len(header) <= 18 else SQL_MAX
         if own_task is None:
             own_task = Task.objects.filter(conversation_id=conversation.id).only("id").first()
-        stream = streams.EventStream(
-            conversation.id, own_task.id if own_task else None, resume, until is not None
+        held = slots.take(
+            request,
+            slots.STREAM,
+            app_settings.MAX_STREAMS_PER_USER,
+            app_settings.SLOT_LEASE_SECONDS,
         )
-        if isinstance(request._request, ASGIRequest):
-            content = streams.async_stream(stream)
-        else:
-            content = streams.sync_stream(stream)
-        response = StreamingHttpResponse(content, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+        asgi = isinstance(request._request, ASGIRequest)
+        stream = streams.EventStream(
+            conversation.id,
+            own_task.id if own_task else None,
+            resume,
+            until is not None,
+            held=held,
+            client_fd=None if asgi else slots.client_socket(request._request),
+        )
+        content = streams.async_stream(stream) if asgi else streams.sync_stream(stream)
+        return streams.StreamResponse(content, stream)
 
 
 # --- actions ---------------------------------------------------------------------------------

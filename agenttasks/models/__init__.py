@@ -4,6 +4,7 @@ from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
 from .run import Run
+from .slot import Slot
 from .task import Comment, Task, TaskResult
 from .wakeup import Wakeup
 
@@ -15,6 +16,7 @@ __all__ = [
     "File",
     "PendingAction",
     "Run",
+    "Slot",
     "Task",
     "TaskResult",
     "Wakeup",

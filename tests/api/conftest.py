@@ -10,13 +10,14 @@ Two ways to run agents:
 import base64
 import json
 import os
+import socket
 import threading
 import time
 
 import pytest
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 from django.test.utils import override_settings
 from rest_framework.authtoken.models import Token
@@ -267,3 +268,106 @@ def settled(task_id, *statuses, timeout=10.0) -> Task:
 
 def monotonic_deadline(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+# --- real servers on loopback ----------------------------------------------------------------
+
+
+@pytest.fixture
+def short_lived_connections():
+    """Server threads close their database connections after each request (PostgreSQL reuses
+    them otherwise, and the test database could not be dropped at the end)."""
+    settings_dict = connections.settings["default"]
+    previous = settings_dict.get("CONN_MAX_AGE", 0)
+    settings_dict["CONN_MAX_AGE"] = 0
+    yield
+    settings_dict["CONN_MAX_AGE"] = previous
+
+
+@pytest.fixture
+def wsgi_server(live_server, short_lived_connections):
+    return live_server.url
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def asgi_server(transactional_db, short_lived_connections):
+    import uvicorn
+    from django.core.asgi import get_asgi_application
+
+    port = _free_port()
+    config = uvicorn.Config(
+        get_asgi_application(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, message="uvicorn started")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+class ServerProcess:
+    """`manage.py runserver` in a process of its own, on the test database."""
+
+    def __init__(self, settings: dict):
+        import json
+        import subprocess
+        import sys
+
+        from ..cluster import ROOT, database_env
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            **os.environ,
+            **database_env(),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "AGENTTASKS_TEST_SETTINGS": json.dumps(settings),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for(self._answers, timeout=60, message="the other server process answers")
+
+    def _answers(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(self.url + PREFIX + "/docs/openapi.json", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: a server process dying with whatever it held."""
+        import signal
+
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+@pytest.fixture
+def server_process(transactional_db):
+    """Start another server process with AGENTTASKS overrides; all are killed after the test."""
+    started = []
+
+    def start(**settings) -> ServerProcess:
+        started.append(ServerProcess(settings))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.kill()

@@ -1,4 +1,4 @@
-"""spec/rest.md §12, scenarios 49–53: callbacks, seen from the API (in-process workers).
+"""REST acceptance scenarios 49–53: callbacks, seen from the API (in-process workers).
 
 Callback jobs run at once in the thread that commits the ending (the recording queue); a stub
 resolver answers name lookups, so no request ever leaves loopback.
@@ -106,6 +106,11 @@ def test_rest_12_52_url_guard_at_create(as_alice, receiver, resolver):
         ("http://localhost/cb", "callbackUrl resolves to a non-public address: 127.0.0.1"),
         ("http://mixed.example/cb", "callbackUrl resolves to a non-public address: 10.1.2.3"),
         ("http://unknown.example/cb", "callbackUrl host could not be resolved: unknown.example"),
+        (
+            "http://[2002:c0a8:101::1]/cb",
+            "callbackUrl resolves to a non-public address: 2002:c0a8:101::1",
+        ),
+        ("https://93.184.216.34:8443/cb", "callbackUrl port 8443 is not allowed"),
     ]
     with agenttasks(**ALLOW_LOOPBACK):
         for url, message in refused:

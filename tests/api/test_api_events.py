@@ -1,4 +1,4 @@
-"""spec/rest.md §12, scenarios 62–65: the event log and the live stream.
+"""REST acceptance scenarios 62–65: the event log and the live stream.
 
 The stream is read with httpx over real servers: Django's threaded WSGI live server (what
 `manage.py runserver` runs) and uvicorn (ASGI, the async streaming path). Agents run on the
@@ -7,13 +7,10 @@ PostgreSQL, NOTIFY) or the polling fallback.
 """
 
 import json
-import socket
-import threading
 import time
 
 import httpx
 import pytest
-from django.db import connections
 
 from .conftest import agenttasks, at_gate, error, gate_task, wait_for
 
@@ -23,46 +20,6 @@ TERMINAL = ("completed", "failed", "cancelled")
 
 
 # --- servers and an SSE reader ----------------------------------------------------------------
-
-
-@pytest.fixture
-def short_lived_connections():
-    """Server threads close their database connections after each request (PostgreSQL reuses
-    them otherwise, and the test database could not be dropped at the end)."""
-    settings_dict = connections.settings["default"]
-    previous = settings_dict.get("CONN_MAX_AGE", 0)
-    settings_dict["CONN_MAX_AGE"] = 0
-    yield
-    settings_dict["CONN_MAX_AGE"] = previous
-
-
-@pytest.fixture
-def wsgi_server(live_server, short_lived_connections):
-    return live_server.url
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def asgi_server(transactional_db, short_lived_connections):
-    import uvicorn
-    from django.core.asgi import get_asgi_application
-
-    port = _free_port()
-    config = uvicorn.Config(
-        get_asgi_application(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, message="uvicorn started")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
 
 
 @pytest.fixture(params=["wsgi", "asgi"])

@@ -1,4 +1,4 @@
-"""spec/rest.md §12, scenarios 1–10: identity, the envelope and conventions."""
+"""REST acceptance scenarios 1–10: identity, the envelope and conventions."""
 
 import logging
 import re

@@ -11,7 +11,7 @@ import pytest
 from django.test.utils import override_settings
 from rest_framework.authtoken.models import Token
 
-from agenttasks.models import Event, Task
+from agenttasks.models import Event, Slot, Task
 from agenttasks.states import TERMINAL, is_allowed
 
 from ..conftest import wait_for
@@ -182,7 +182,11 @@ def read_stream(
                 response.close()
 
 
-@override_settings(AGENTTASKS={**SETTINGS, "STREAM_KEEPALIVE_SECONDS": 1})
+# 20 clients of one user reconnect at random: the stream cap is raised, so that every drop still
+# takes and gives back a place.
+@override_settings(
+    AGENTTASKS={**SETTINGS, "STREAM_KEEPALIVE_SECONDS": 1, "MAX_STREAMS_PER_USER": 1000}
+)
 def test_stream_resumption_under_churn(start_cluster, live_server, user):
     start_cluster(workers=2, **SETTINGS)
     token = Token.objects.create(user=user).key
@@ -226,4 +230,6 @@ def test_stream_resumption_under_churn(start_cluster, live_server, user):
         assert not thread.is_alive()
         assert [e["seq"] for e in received] == expected  # no gap, no duplicate, in order
         assert [e["id"] for e in received] == [e.id for e in log]
+    # Every dropped connection gave its place back.
+    wait_for(lambda: not Slot.objects.exists(), timeout=10, message="every stream's place back")
     print(json.dumps({"clients": 20, "events": len(expected), "gaps": 0, "duplicates": 0}))

@@ -1,0 +1,98 @@
+"""Run the demo: check the port, migrate, set up the demo user, then the web server and the
+cluster together until Ctrl-C (what `make run` does)."""
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+STOP_TIMEOUT = 20
+
+
+def unavailable(host: str, port: int) -> str | None:
+    """Why the web server could not listen on host:port, or None if it can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As runserver binds: a port left in TIME_WAIT by the previous run is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return (
+                    f"Port {port} on {host} is busy (another server is listening there); "
+                    f"choose another one: make run PORT={port + 1}"
+                )
+            return f"Cannot listen on {host}:{port}: {exc.strerror}; choose another HOST or PORT"
+    return None
+
+
+class Command(BaseCommand):
+    help = "Run the demo: web server and django-q2 cluster together, until Ctrl-C."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+
+    def handle(self, *args, host, port, **options):
+        reason = unavailable(host, port)
+        if reason:
+            self.stderr.write(reason)
+            sys.exit(1)
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("demo_setup", host=host, port=port)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        # Each child leads a process group of its own, so a Ctrl-C reaches only this process,
+        # which then stops each group once (signalling our own group would signal make too).
+        children = [
+            subprocess.Popen([*manage, "qcluster"], start_new_session=True),
+            subprocess.Popen([*manage, "runserver", address], start_new_session=True),
+        ]
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        code = 0
+        try:
+            code = wait_any(children)
+        except KeyboardInterrupt:
+            code = 130
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
+            stop(children)
+        sys.exit(code)
+
+
+def wait_any(children) -> int:
+    """Wait until one child exits; return its exit status."""
+    while True:
+        for child in children:
+            try:
+                return child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def stop(children) -> None:
+    """Stop every child's process group as one Ctrl-C would (SIGINT: django-q2 then stops its
+    workers gracefully), then SIGKILL what is left after STOP_TIMEOUT seconds."""
+    for child in children:
+        _signal_group(child, signal.SIGINT)
+    for child in children:
+        try:
+            child.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+        _signal_group(child, signal.SIGKILL)  # what the group leader left behind
+
+
+def _signal_group(child, sig) -> None:
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
