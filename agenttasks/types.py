@@ -42,7 +42,7 @@ class ActionRequest:
     args: dict | None = None
     questions: list | None = None
     prompt: str = ""
-    deadline: Any = None  # datetime or None (never lapses)
+    deadline: Any = None  # datetime; the runtimes always set one (DEFAULT_HITL)
     on_timeout: str = "deny"
 
 

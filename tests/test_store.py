@@ -357,6 +357,7 @@ class TestRetryClaim:
         task = reload(task)
         assert (task.status, task.run_id, task.attempt) == ("pending", new_run, 2)
         assert (task.summary, task.result, task.error) == ("", "", "")
+        assert (task.started_at, task.finished_at) == (None, None)  # the new attempt has not run
         assert task.run.trigger == "retry" and "rate limited" in task.run.input
         assert task.run.input.startswith("A previous attempt at this task failed: rate limited. ")
         assert Wakeup.objects.get().state == "dropped"
@@ -554,6 +555,7 @@ class TestReopen:
             "",
         )
         assert task.run.trigger == "comment" and task.run.input == "use prod"
+        assert (task.started_at, task.finished_at) == (None, None)  # the new run has not started
         assert Wakeup.objects.get().state == "dropped"
         assert not TaskResult.objects.filter(task=task).exists()
 

@@ -414,11 +414,13 @@ class RunContext:
 
         from django.utils import timezone
 
-        from ..conf import app_settings
+        from ..conf import _positive_number, app_settings
 
-        hitl = {**app_settings.DEFAULT_HITL, **(self.agent.hitl or {})}
-        minutes = hitl.get("timeout_minutes")
-        deadline = timezone.now() + timedelta(minutes=minutes) if minutes else None
+        default = app_settings.DEFAULT_HITL
+        hitl = {**default, **(self.agent.hitl or {})}
+        # Every action lapses (REST's expiresAt is always present).
+        minutes = _positive_number(hitl.get("timeout_minutes"), default["timeout_minutes"])
+        deadline = timezone.now() + timedelta(minutes=minutes)
         return {"deadline": deadline, "on_timeout": hitl.get("on_timeout") or "deny"}
 
     def read_stop_request(self) -> str:

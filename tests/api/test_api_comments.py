@@ -28,6 +28,7 @@ def test_rest_12_23_comment_reopens(as_alice, workers):
     reopened = body["task"]
     assert reopened["status"] == "pending" and reopened["runId"] != first_run
     assert reopened["attempt"] == 1 and "completedAt" not in reopened
+    assert "startedAt" not in reopened  # a re-opening comment clears Task.started_at
     assert body["comment"]["runId"] == reopened["runId"]
     error(as_alice.get(f"/tasks/{task['id']}/result"), 404, "NOT_FOUND")
     workers.paused = False
