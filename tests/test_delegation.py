@@ -221,6 +221,16 @@ def test_s7_out_of_team_refusal_is_exact(model, agents, user, recording_queue):
     assert server.served["m-stranger"] == 0
 
 
+def test_the_out_of_team_refusal_lists_the_team_sorted(model, agents, user, recording_queue):
+    agents("rogue", model="m-rogue", team=["planner", "explore", "critic"])
+    model.script(by_model(m_rogue=delegating("m", "stranger", "hi", echo_last, "r1")))
+    task = run(user, recording_queue, "rogue")
+    assert task.result == (
+        'agent "stranger" is not in this agent\'s team (available: critic, explore, planner)'
+    )
+    assert not delegates().exists()
+
+
 def test_s8_a_team_member_that_is_not_registered(model, agents, user, recording_queue):
     agents("coord", model="m-coord", team=["explore", "ghost"])
     agents("explore", model="m-explore")
@@ -687,6 +697,30 @@ def test_s18_a_paused_caller_wakes_only_for_the_answer(escalation, user, recordi
     assert parent.status == "waiting_for_input"
     assert PendingAction.objects.get(pk=action.pk).status == "pending"
     assert Wakeup.objects.get(pk=owed.pk).state == "pending"
+
+
+def test_the_wake_guard_refuses_a_conversation_paused_on_an_escalated_action(
+    escalation, user, recording_queue
+):
+    """A chat conversation (no task of its own) whose run waits on its child's approval is not
+    woken: the debt waits for the run boundary that ends the pause."""
+    conversation = lifecycle.create_conversation(owner=user, agent_id="approverParent")
+    paused_run, _ = lifecycle.post_message(conversation.id, "go")
+    run_to_idle(recording_queue)
+    assert Run.objects.get(pk=paused_run.id).status == "paused"
+    action = PendingAction.objects.get(status="pending")
+    assert action.conversation_id != conversation.id  # the child's action, escalated to it
+    owed = WakeupFactory(conversation=conversation)
+    assert wakeups.deliver_pending(conversation.id) is None
+    lifecycle.recover()
+    run_to_idle(recording_queue)
+    assert Wakeup.objects.get(pk=owed.pk).state == "pending"
+    assert list(Run.objects.filter(conversation_id=conversation.id)) == [paused_run]
+    assert not events(conversation.id, "task.notification")
+    lifecycle.resolve_action(action.id, {"status": "approved"})
+    run_to_idle(recording_queue)  # the resumed run ends: its boundary delivers the debt
+    assert Wakeup.objects.get(pk=owed.pk).state == "delivered"
+    assert len(events(conversation.id, "task.notification")) == 1
 
 
 def test_s19_a_declined_escalation(escalation, user, recording_queue):

@@ -26,7 +26,7 @@ from agenttasks.exceptions import (
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime import task_tools as tools_module
 from agenttasks.states import TERMINAL, model_status
-from agenttasks.types import ActionRequest, RunOutcome, TaskInfo
+from agenttasks.types import ActionRequest, NewTask, RunOutcome, TaskInfo
 
 from .conftest import run_threads
 
@@ -219,6 +219,32 @@ def test_7_1_5_concurrency_is_capped(spawn, settings, recording_queue):
     third = spawn()
     assert third.status == "working"
     assert row(third).status == "pending"
+
+
+def test_delegate_tasks_do_not_count_against_the_per_parent_cap(
+    spawn, parent, settings, recording_queue
+):
+    """The cap bounds a model's background fan-out; a delegate child is its caller's run's
+    business, so a live one takes no slot from a spawn or from a retry."""
+    configure(settings, MAX_CONCURRENT_PER_PARENT=1)
+    delegate = store.create_task(
+        NewTask(
+            parent_conversation_id=parent.pk,
+            owner=parent.owner,
+            agent="worker",
+            input="inline work",
+            kind="delegate",
+            delegation_key="k" * 64,
+        )
+    )
+    assert row(delegate).status == "pending"  # live for the whole test
+    first = spawn()  # the delegate took no slot
+    with pytest.raises(TaskLimit):
+        spawn()  # the one slot is taken
+    fail(first, "rate limited")
+    retried = lifecycle.retry(first.task_id)  # the freed slot, beside the live delegate
+    assert (retried.status, retried.attempt) == ("working", 2)
+    assert row(delegate).status == "pending"
 
 
 def test_7_1_6_an_ending_is_reported_once(spawn, signal_log):
