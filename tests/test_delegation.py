@@ -1,5 +1,5 @@
-"""The `task` delegation tool against the scripted fake model server (spec/delegation.md §6.1–§6.4,
-§6.7–§6.8), each scenario named after its number."""
+"""The `task` delegation tool against the scripted fake model server, each scenario named after
+its number (docs/delegation.md#scenarios-cited-by-the-tests)."""
 
 import time
 from contextlib import contextmanager
@@ -80,7 +80,7 @@ def run(user, queue, agent, text="go"):
     return refresh(task)
 
 
-# --- §6.1 tools on the wire ------------------------------------------------------------------
+# --- tools on the wire (S1–S3) ---------------------------------------------------------------
 
 
 def test_s2_a_team_adds_exactly_task_described_from_the_team(model, agents, user, recording_queue):
@@ -105,7 +105,7 @@ def test_s2_a_team_adds_exactly_task_described_from_the_team(model, agents, user
     assert "peer" not in request.tools[0]["function"]["description"]
 
 
-# --- §6.2 the brief's three examples ---------------------------------------------------------
+# --- one delegation, no team, sorted team (S4–S6) ----------------------------------------------
 
 
 def test_s4_one_delegation_one_tool_message(model, agents, user, recording_queue):
@@ -201,7 +201,7 @@ def test_s6_sorted_team_refusal_reattach(model, agents, user, recording_queue):
     )
 
 
-# --- §6.3 the task tool ----------------------------------------------------------------------
+# --- the task tool (S7–S16) -------------------------------------------------------------------
 
 
 def echo_last(request):
@@ -556,7 +556,7 @@ def test_a_later_run_reattaches_and_adds_no_usage(model, agents, user, recording
     assert server.served["m-explorer"] == 1 and delegates().count() == 1
 
 
-# --- §6.4 escalation -------------------------------------------------------------------------
+# --- escalation (S17–S24) ---------------------------------------------------------------------
 
 
 def asker_script(request):
@@ -651,7 +651,7 @@ def test_s17_the_child_asks_the_caller_pauses_and_the_answer_resumes_both(
     )
     tools = [m for m in transcript(parent.conversation_id) if m[0] == "tool"]
     assert tools == [("tool", "p1", "asker-done: secret-token")]
-    # Adapted: a resumed run keeps its run row (lifecycle.md), so the child's one run holds
+    # Adapted: a resumed run keeps its run row (docs/delegation.md#pausing-resuming-and-replay), so the child's one run holds
     # both of its turns and the parent's one run holds both of its turns plus the child's.
     assert tool_results(parent.conversation_id)["p1"]["metadata"] == {
         "agent": "asker",
@@ -898,7 +898,7 @@ def test_s24_an_escalated_action_lapses(
         assert parent.result == "parent got: asker-done: " + denied
 
 
-# --- §6.7 budgets ----------------------------------------------------------------------------
+# --- budgets (S33–S36) ------------------------------------------------------------------------
 
 
 def budget_agents(agents):
@@ -996,7 +996,7 @@ def test_s36_wall_time_cuts_the_childs_in_flight_request(model, agents, user, re
     assert (task.status, task.error) == ("failed", "The max_wall_seconds budget (0.5) was reached")
 
 
-# --- §6.8 stops, deletion, registration ------------------------------------------------------
+# --- stops, deletion, registration (S37–S39) --------------------------------------------------
 
 
 def test_s37_an_immediate_stop_reaches_the_inline_child(model, agents, user, recording_queue):
@@ -1061,7 +1061,7 @@ def test_s39_registration_errors_and_warnings(agents):
     assert any("lonely" in m.msg and "ghost" in m.msg for m in warnings)
 
 
-# --- §4.11 what the rest of agenttasks does with delegate tasks ------------------------------
+# --- delegate tasks elsewhere (docs/delegation.md#delegate-tasks-elsewhere-in-agenttasks) ----
 
 
 def test_delegate_tasks_in_the_lifecycle(model, agents, user, recording_queue):

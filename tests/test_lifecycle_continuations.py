@@ -1,4 +1,4 @@
-"""Continuations: lifecycle spec §7.3, scenarios 1–14, on the harness of §7.0.
+"""Continuations: scenarios 7.3.1–7.3.14 of docs/lifecycle.md, on the harness described there.
 
 CONTINUE maps the kind `sequence` to `tests.hooks.sequence`, whose answers each test scripts.
 The worker's RunContext is built from the run row (trigger, input, task link) and the task row
@@ -36,7 +36,7 @@ def _continue_setting():
 
 @pytest.fixture
 def h(parent, parent_run, recording_queue, signal_log):
-    """The §7.0 harness bound to P, R, the recording queue and the signal log."""
+    """The scenarios' harness bound to P, R, the recording queue and the signal log."""
     return Harness(parent, parent_run, recording_queue, signal_log)
 
 

@@ -1,4 +1,4 @@
-"""The store: every operation's win, lose and unknown-id answers, and lifecycle spec §7.7–§7.8."""
+"""The store: every operation's win, lose and unknown-id answers, and scenarios 7.7–7.8 of docs/lifecycle.md."""
 
 from datetime import timedelta
 
@@ -631,7 +631,7 @@ class TestFailOrphans:
         assert store.fail_orphans() == []
 
 
-# --- listings, round trips, database-level guarantees (§7.7.1, §7.7.10, §7.8) ----------------
+# --- listings, round trips, database-level guarantees (7.7.1, 7.7.10, 7.8) -------------------
 
 
 class TestListingsAndRoundTrips:

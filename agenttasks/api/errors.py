@@ -1,7 +1,7 @@
 """The uniform error envelope: `{"error": {"code", "message", "details"?}}`, for every error.
 
 The app's views use `handle` as their exception handler (never the host's EXCEPTION_HANDLER), so
-every refusal is an envelope with the status and code of spec/rest.md §1.6, and anything that is
+every refusal is an envelope with the status and code of docs/rest.md#errors, and anything that is
 not a refusal is a logged 500 whose body carries no traceback.
 """
 
@@ -125,7 +125,7 @@ def _translate(exc, context) -> ApiError | None:
 
 
 def handle(exc, context):
-    """The exception handler of the app's views (spec/rest.md §1.6)."""
+    """The exception handler of the app's views (docs/rest.md#errors)."""
     error = _translate(exc, context)
     set_rollback()
     if error is None:

@@ -1,4 +1,4 @@
-"""Rate limits for the `read` and `write` scopes (AGENTTASKS["THROTTLE_RATES"], spec §1.8)."""
+"""Rate limits for the `read` and `write` scopes (AGENTTASKS["THROTTLE_RATES"], docs/rest.md#rate-limiting)."""
 
 from rest_framework.throttling import SimpleRateThrottle
 

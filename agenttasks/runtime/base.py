@@ -463,7 +463,7 @@ def normalize_questions(questions) -> list[dict]:
     return out
 
 
-# --- budgets (spec/delegation.md §5) -----------------------------------------------------------
+# --- budgets (docs/delegation.md#budgets) ------------------------------------------------------
 
 BUDGET_PATTERN = re.compile(r"^The max_(turns|tokens|tool_calls|wall_seconds) budget \(")
 
@@ -473,7 +473,7 @@ class BudgetExceeded(Exception):
 
 
 def budget_message(limit: str, value, caller: str | None = None) -> str:
-    """The §5.5 sentence for a limit of this window (caller None) or of a calling agent's."""
+    """The sentence (docs/delegation.md#budget-messages) for a limit of this window (caller None) or of a calling agent's."""
     head = f"The {limit} budget ({format(value, 'g')})"
     return (
         f'{head} of the calling agent "{caller}" was reached' if caller else f"{head} was reached"

@@ -1,4 +1,4 @@
-"""spec/rest.md §12, scenarios 29–38: approvals and questions.
+"""docs/rest.md, scenarios 29–38: approvals and questions.
 
 The scenarios name chat agents (`deployer`, `strict`, `asker`); until the chat runtime lands
 (issue 6) they run with the callable test agents of the same observable behaviour over REST:
@@ -229,7 +229,7 @@ def test_rest_12_38_late_answer_applies_the_timeout(as_alice, workers):
 def test_an_escalated_action_is_listed_and_answered_through_the_callers_conversation(
     model, agents, as_alice, recording_queue
 ):
-    """delegation.md §4.11: a delegate child's approval shows on its caller and is answerable
+    """docs/delegation.md#escalation: a delegate child's approval shows on its caller and is answerable
     through any conversation on its path (the chat runtime and the fake model server)."""
     from ..fake_model import SECRET, answer, calls, run_to_idle
 

@@ -1,4 +1,4 @@
-"""spec/rest.md §12, scenarios 39–48: cancel and retry.
+"""docs/rest.md, scenarios 39–48: cancel and retry.
 
 Agents run on the in-process worker pool (scenario 39 deliberately has none). Scenario 42 uses
 the callable `approver` in place of the chat agent `deployer`.

@@ -1,4 +1,4 @@
-"""spec/rest.md §12, scenarios 23–28: comments re-open tasks.
+"""docs/rest.md, scenarios 23–28: comments re-open tasks.
 
 Agents run on the in-process worker pool. Scenario 27 uses the callable `approver` (an approval
 for `deploy {"env": "prod"}`) in place of the chat agent `deployer`.
