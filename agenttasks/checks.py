@@ -35,7 +35,7 @@ def check_settings(app_configs=None, **kwargs):
     if not isinstance(user, dict):
         return [Error("AGENTTASKS must be a dict.", id="agenttasks.E002")]
     for key in sorted(set(user) - set(DEFAULTS)):
-        hint = "rest.md's HITL is DEFAULT_HITL here." if key == "HITL" else None
+        hint = "The approval timeouts are DEFAULT_HITL." if key == "HITL" else None
         messages.append(
             Warning(
                 f"Unknown AGENTTASKS key {key!r}: it is ignored.", hint=hint, id="agenttasks.W001"

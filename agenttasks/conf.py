@@ -129,7 +129,14 @@ class AppSettings:
             # The environment is read when a value is needed, never at import time.
             return raw or os.environ.get(ENVIRONMENT_FALLBACKS[name]) or None
         if name in ("FILES", "DEFAULT_HITL", "DEFAULT_BUDGET"):
-            return {**default, **(raw or {})}
+            merged = {**default, **(raw or {})}
+            if name == "DEFAULT_HITL":
+                # Every approval and question lapses: a missing, None or non-positive timeout
+                # reads as the default (so every action has a deadline, and REST an expiresAt).
+                merged["timeout_minutes"] = _positive_number(
+                    merged.get("timeout_minutes"), default["timeout_minutes"]
+                )
+            return merged
         if raw is None:
             return default
         return raw

@@ -128,7 +128,7 @@ def type_allowed(mime_type: str, patterns) -> bool:
 
 
 def check(agent_id: str, rules: dict, uploads: list[Upload], existing: int = 0) -> None:
-    """Apply the policy (enabled, count, type, size); raise FileRefused at the first fault."""
+    """Apply the policy in the order of docs/rest.md#files; raise FileRefused at the first fault."""
     if not uploads:
         return
     if not rules.get("enabled", True):

@@ -149,7 +149,7 @@ def announce(task: Task) -> None:
         if task.status != TaskStatus.CANCELLED and task.kind != DELEGATE:
             wakeups.schedule_delivery(task.parent_conversation_id)  # the debt this ending wrote
         if task.kind == DELEGATE:
-            # A caller paused on this child may now resume.
+            # A caller paused on this child may now resume (docs/delegation.md#resuming-a-paused-caller).
             _after_commit(lambda: resume_if_settled(task.parent_conversation_id))
         _own_run_boundary(task)
     elif task.status == TaskStatus.WAITING_FOR_INPUT:
@@ -599,7 +599,7 @@ def on_run_finished(conversation, outcome: RunOutcome, *, task: Task | None = No
         if _pause(task, run_id, outcome) or not _stopping_after_turn(run_id):
             return
         # The store refused the pause of a run asked to stop after its turn: it ends instead,
-        # as a graceful stop (§3.14.4), so no action is left open and the stop is honoured.
+        # as a graceful stop (docs/lifecycle.md#pausing-for-a-person), so no action is left open and the stop is honoured.
         outcome = dataclasses.replace(
             outcome,
             status=OutcomeStatus.COMPLETED,
@@ -936,7 +936,7 @@ def post_message(
 def resume_if_settled(conversation_id: str | None) -> None:
     """Resume the conversation's paused run if its own actions and escalated children settled.
 
-    Checked after an escalating run pauses and after a delegate task ends (delegation.md §4.9);
+    Checked after an escalating run pauses and after a delegate task ends (docs/delegation.md#resuming-a-paused-caller);
     the store's compare-and-set makes a losing or premature check do nothing.
     """
     if not conversation_id:

@@ -45,7 +45,7 @@ class ActionRequest:
     args: dict[str, Any] | None = None
     questions: list[Any] | None = None
     prompt: str = ""
-    deadline: Any = None  # datetime or None (never lapses)
+    deadline: Any = None  # datetime; the runtimes always set one (DEFAULT_HITL)
     on_timeout: str = "deny"
 
 

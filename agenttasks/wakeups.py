@@ -83,7 +83,7 @@ def mark_delivered(wakeups, delivered_run_id: str) -> int:
 
 
 def may_wake(conversation: Conversation) -> bool:
-    """Whether a locked conversation may be woken now (DESIGN invariant 7 and spec/README.md).
+    """Whether a locked conversation may be woken now (docs/lifecycle.md#wake-up-debt-and-notifications).
 
     Not when it is being deleted, has a queued, running or paused run (its latest run paused on
     its own action or an escalated one included), or has an open approval or question.

@@ -1,4 +1,4 @@
-"""Deterministic agents of the REST acceptance scenarios, registered in every process.
+"""Deterministic agents the scenarios use (docs/rest.md#scenarios-cited-by-the-tests), registered in every process.
 
 `gate` blocks until the test creates the file named by metadata["gate"], so a test in another
 process can hold a run at a known point and release it.

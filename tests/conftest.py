@@ -1,4 +1,4 @@
-"""Shared fixtures: the recording queue, users, the P/R harness of the lifecycle spec, signals."""
+"""Shared fixtures: the recording queue, users, the P/R harness of docs/lifecycle.md's scenarios, signals."""
 
 import threading
 import time

@@ -1,6 +1,6 @@
-"""The chat runtime against the scripted fake model server (spec/delegation.md §6.1, §6.5–§6.7).
+"""The chat runtime against the scripted fake model server (docs/delegation.md, S1–S3, S25–S36).
 
-Scenario tests are named after their §6 number; the others cover the loop's own rules (the
+Scenario tests are named after their S number; the others cover the loop's own rules (the
 transcript, interrupted calls, questions, stops) with the same harness.
 """
 
@@ -60,7 +60,7 @@ def approve(action, **resolution):
     return lifecycle.resolve_action(action.id, {"status": "approved", **resolution})
 
 
-# --- §6.1 tools on the wire ------------------------------------------------------------------
+# --- tools on the wire (S1–S3) ---------------------------------------------------------------
 
 
 def test_s1_no_team_no_tools(model, agents, user, recording_queue):
@@ -98,7 +98,7 @@ def test_a_task_below_max_depth_gets_the_background_tools(model, agents, user, r
     assert server.requests[0].tool_names == ["lookup", *BACKGROUND]
 
 
-# --- §6.5 the chat loop ----------------------------------------------------------------------
+# --- the chat loop (S25–S26) ------------------------------------------------------------------
 
 
 def mailer_script(request):
@@ -129,7 +129,7 @@ def test_s25_an_agents_own_approval(model, agents, user, recording_queue, approv
     run_to_idle(recording_queue)
     done = refresh(task)
     if approved:
-        # The resumed run is the same run row (lifecycle.md: an answered run keeps its id).
+        # The resumed run is the same run row (docs/delegation.md#pausing-resuming-and-replay: it keeps its id).
         assert TOOL_LOG == [("send_email", task.run_id)]
         assert (done.status, done.result) == ("completed", "mail: sent")
     else:
@@ -313,7 +313,7 @@ def test_an_immediate_stop_aborts_the_model_request(model, agents, user, recordi
     ).exists()
 
 
-# --- §6.6 wire format and model-server errors ------------------------------------------------
+# --- wire format and model-server errors (S27–S32) --------------------------------------------
 
 LOOKUP_ENTRY = {
     "type": "function",
@@ -567,7 +567,7 @@ def test_s32_usage_accounting(model, agents, user, recording_queue):
     assert run.usage == {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7}
 
 
-# --- §6.7 budgets ----------------------------------------------------------------------------
+# --- budgets (S33–S36) ------------------------------------------------------------------------
 
 
 def test_s33_turns_and_tool_calls(model, agents, user, recording_queue):

@@ -27,6 +27,36 @@ def test_numeric_setting_at_or_below_zero_reads_as_default(key, value):
         assert getattr(app_settings, key) == NUMERIC_DEFAULTS[key]
 
 
+@pytest.mark.parametrize("timeout", [None, 0, -5, "soon"])
+def test_every_approval_lapses_after_60_minutes_by_default(timeout):
+    # DEFAULT_HITL: 60 minutes, and no setting makes an action that never lapses.
+    assert app_settings.DEFAULT_HITL == {"timeout_minutes": 60, "on_timeout": "deny"}
+    with override_settings(AGENTTASKS={"DEFAULT_HITL": {"timeout_minutes": timeout}}):
+        assert app_settings.DEFAULT_HITL == {"timeout_minutes": 60, "on_timeout": "deny"}
+        # The deadline every action gets (REST's expiresAt), even from an unvalidated AgentDef.
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from agenttasks.runtime.base import RunContext
+        from agenttasks.runtime.registry import AgentDef
+
+        agent = AgentDef(id="raw", hitl={"timeout_minutes": timeout})
+        ctx = RunContext(run=None, conversation=None, task=None, agent=agent, stop=None)
+        deadline = ctx._deadline()["deadline"]
+        assert abs(deadline - timezone.now() - timedelta(minutes=60)) < timedelta(seconds=5)
+
+
+def test_an_agent_cannot_ask_for_an_approval_that_never_lapses():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from agenttasks.runtime import registry
+
+    with pytest.raises(ImproperlyConfigured, match="timeout_minutes has an invalid value None"):
+        registry.build("forever", hitl={"timeout_minutes": None})
+    assert registry.build("soon", hitl={"timeout_minutes": 0.5}).hitl["timeout_minutes"] == 0.5
+
+
 def test_overrides_are_read_again():
     with override_settings(AGENTTASKS={"SUMMARY_LIMIT": 12, "MAX_ACTIVE_TASKS_PER_USER": 0}):
         assert app_settings.SUMMARY_LIMIT == 12

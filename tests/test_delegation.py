@@ -1,5 +1,5 @@
-"""The `task` delegation tool against the scripted fake model server (spec/delegation.md §6.1–§6.4,
-§6.7–§6.8), each scenario named after its number."""
+"""The `task` delegation tool against the scripted fake model server, each scenario named after
+its number (docs/delegation.md#scenarios-cited-by-the-tests)."""
 
 import time
 from contextlib import contextmanager
@@ -80,7 +80,7 @@ def run(user, queue, agent, text="go"):
     return refresh(task)
 
 
-# --- §6.1 tools on the wire ------------------------------------------------------------------
+# --- tools on the wire (S1–S3) ---------------------------------------------------------------
 
 
 def test_s2_a_team_adds_exactly_task_described_from_the_team(model, agents, user, recording_queue):
@@ -105,7 +105,7 @@ def test_s2_a_team_adds_exactly_task_described_from_the_team(model, agents, user
     assert "peer" not in request.tools[0]["function"]["description"]
 
 
-# --- §6.2 the brief's three examples ---------------------------------------------------------
+# --- one delegation, no team, sorted team (S4–S6) ----------------------------------------------
 
 
 def test_s4_one_delegation_one_tool_message(model, agents, user, recording_queue):
@@ -201,7 +201,7 @@ def test_s6_sorted_team_refusal_reattach(model, agents, user, recording_queue):
     )
 
 
-# --- §6.3 the task tool ----------------------------------------------------------------------
+# --- the task tool (S7–S16) -------------------------------------------------------------------
 
 
 def echo_last(request):
@@ -219,6 +219,16 @@ def test_s7_out_of_team_refusal_is_exact(model, agents, user, recording_queue):
     assert result["isError"] is True and result["metadata"] is None
     assert not delegates().exists()
     assert server.served["m-stranger"] == 0
+
+
+def test_the_out_of_team_refusal_lists_the_team_sorted(model, agents, user, recording_queue):
+    agents("rogue", model="m-rogue", team=["planner", "explore", "critic"])
+    model.script(by_model(m_rogue=delegating("m", "stranger", "hi", echo_last, "r1")))
+    task = run(user, recording_queue, "rogue")
+    assert task.result == (
+        'agent "stranger" is not in this agent\'s team (available: critic, explore, planner)'
+    )
+    assert not delegates().exists()
 
 
 def test_s8_a_team_member_that_is_not_registered(model, agents, user, recording_queue):
@@ -546,7 +556,7 @@ def test_a_later_run_reattaches_and_adds_no_usage(model, agents, user, recording
     assert server.served["m-explorer"] == 1 and delegates().count() == 1
 
 
-# --- §6.4 escalation -------------------------------------------------------------------------
+# --- escalation (S17–S24) ---------------------------------------------------------------------
 
 
 def asker_script(request):
@@ -641,7 +651,7 @@ def test_s17_the_child_asks_the_caller_pauses_and_the_answer_resumes_both(
     )
     tools = [m for m in transcript(parent.conversation_id) if m[0] == "tool"]
     assert tools == [("tool", "p1", "asker-done: secret-token")]
-    # Adapted: a resumed run keeps its run row (lifecycle.md), so the child's one run holds
+    # Adapted: a resumed run keeps its run row (docs/delegation.md#pausing-resuming-and-replay), so the child's one run holds
     # both of its turns and the parent's one run holds both of its turns plus the child's.
     assert tool_results(parent.conversation_id)["p1"]["metadata"] == {
         "agent": "asker",
@@ -687,6 +697,30 @@ def test_s18_a_paused_caller_wakes_only_for_the_answer(escalation, user, recordi
     assert parent.status == "waiting_for_input"
     assert PendingAction.objects.get(pk=action.pk).status == "pending"
     assert Wakeup.objects.get(pk=owed.pk).state == "pending"
+
+
+def test_the_wake_guard_refuses_a_conversation_paused_on_an_escalated_action(
+    escalation, user, recording_queue
+):
+    """A chat conversation (no task of its own) whose run waits on its child's approval is not
+    woken: the debt waits for the run boundary that ends the pause."""
+    conversation = lifecycle.create_conversation(owner=user, agent_id="approverParent")
+    paused_run, _ = lifecycle.post_message(conversation.id, "go")
+    run_to_idle(recording_queue)
+    assert Run.objects.get(pk=paused_run.id).status == "paused"
+    action = PendingAction.objects.get(status="pending")
+    assert action.conversation_id != conversation.id  # the child's action, escalated to it
+    owed = WakeupFactory(conversation=conversation)
+    assert wakeups.deliver_pending(conversation.id) is None
+    lifecycle.recover()
+    run_to_idle(recording_queue)
+    assert Wakeup.objects.get(pk=owed.pk).state == "pending"
+    assert list(Run.objects.filter(conversation_id=conversation.id)) == [paused_run]
+    assert not events(conversation.id, "task.notification")
+    lifecycle.resolve_action(action.id, {"status": "approved"})
+    run_to_idle(recording_queue)  # the resumed run ends: its boundary delivers the debt
+    assert Wakeup.objects.get(pk=owed.pk).state == "delivered"
+    assert len(events(conversation.id, "task.notification")) == 1
 
 
 def test_s19_a_declined_escalation(escalation, user, recording_queue):
@@ -864,7 +898,7 @@ def test_s24_an_escalated_action_lapses(
         assert parent.result == "parent got: asker-done: " + denied
 
 
-# --- §6.7 budgets ----------------------------------------------------------------------------
+# --- budgets (S33–S36) ------------------------------------------------------------------------
 
 
 def budget_agents(agents):
@@ -962,7 +996,7 @@ def test_s36_wall_time_cuts_the_childs_in_flight_request(model, agents, user, re
     assert (task.status, task.error) == ("failed", "The max_wall_seconds budget (0.5) was reached")
 
 
-# --- §6.8 stops, deletion, registration ------------------------------------------------------
+# --- stops, deletion, registration (S37–S39) --------------------------------------------------
 
 
 def test_s37_an_immediate_stop_reaches_the_inline_child(model, agents, user, recording_queue):
@@ -1027,7 +1061,7 @@ def test_s39_registration_errors_and_warnings(agents):
     assert any("lonely" in m.msg and "ghost" in m.msg for m in warnings)
 
 
-# --- §4.11 what the rest of agenttasks does with delegate tasks ------------------------------
+# --- delegate tasks elsewhere (docs/delegation.md#delegate-tasks-elsewhere-in-agenttasks) ----
 
 
 def test_delegate_tasks_in_the_lifecycle(model, agents, user, recording_queue):

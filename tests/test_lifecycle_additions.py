@@ -1,4 +1,5 @@
-"""agenttasks additions to the lifecycle: spec §7.9, scenarios 1–18, and a cross-process wait.
+"""agenttasks additions to the lifecycle: scenarios 7.9.1–7.9.18 of docs/lifecycle.md, and a
+cross-process wait.
 
 Store-level halves of some scenarios live in test_store.py / test_store_concurrency.py (7.9.1,
 7.9.2, 7.9.3, 7.9.6 in the store, 7.9.16 in test_conf.py); the tests here drive the same
@@ -65,7 +66,7 @@ def always_continue(task, outcome):
     return Continuation(input=f"next after {outcome.text}")
 
 
-# --- the §7.0 harness ------------------------------------------------------------------------
+# --- the scenarios' harness ---------------------------------------------------------------------
 
 
 def row(t) -> Task:
@@ -784,7 +785,7 @@ def test_7_9_18_an_immediate_stop_reaches_another_node(parent, parent_run, peer,
     task = row(t)
     assert task.status == "cancelled" and task.result != "too late"
     # The late ending is recorded on the run as discarded: told to stop now, the run ends
-    # cancelled (spec/rest.md §11.3), and the task keeps the stop's outcome.
+    # cancelled (docs/architecture.md#run-status-and-triggers), and the task keeps the stop's outcome.
     assert task.run.status == "cancelled" and task.run.output == "too late"
     assert signal_log.finished == [] and [s.id for s in signal_log.delivered] == [t]
     assert not Wakeup.objects.filter(task_id=t).exists()

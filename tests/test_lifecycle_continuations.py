@@ -1,4 +1,4 @@
-"""Continuations: lifecycle spec §7.3, scenarios 1–14, on the harness of §7.0.
+"""Continuations: scenarios 7.3.1–7.3.14 of docs/lifecycle.md, on the harness described there.
 
 CONTINUE maps the kind `sequence` to `tests.hooks.sequence`, whose answers each test scripts.
 The worker's RunContext is built from the run row (trigger, input, task link) and the task row
@@ -36,7 +36,7 @@ def _continue_setting():
 
 @pytest.fixture
 def h(parent, parent_run, recording_queue, signal_log):
-    """The §7.0 harness bound to P, R, the recording queue and the signal log."""
+    """The scenarios' harness bound to P, R, the recording queue and the signal log."""
     return Harness(parent, parent_run, recording_queue, signal_log)
 
 
@@ -365,3 +365,18 @@ def test_7_3_14_the_ceiling_ends_an_endless_chain(h):
     assert (task.status, task.continuations, task.run.trigger) == ("pending", 1, "continuation")
     assert task.attempt == 2 and task.state == {"n": 4}
     assert len(runs_of(t)) == 5
+
+
+def test_the_default_ceiling_is_50_continuations(h):
+    """Without MAX_CONTINUATIONS a chain gets 50 continuations: 51 runs, the last one failed."""
+    hooks.fallback = lambda task, outcome: Continuation("again", {"n": task.continuations + 1})
+    t = h.spawn(state={"n": 0})
+    for step in range(1, 51):
+        task = h.finish(t, "completed", text=f"run {step}")
+        assert (task.status, task.continuations) == ("pending", step)
+    task = h.finish(t, "completed", text="run 51")
+    assert task.status == "failed"
+    assert task.summary == "stopped after 51 runs: the task's continuation ceiling (50) was reached"
+    assert task.state == {"n": 50}
+    assert len(runs_of(t)) == 51
+    assert len(h.finished(t)) == 1

@@ -1,7 +1,7 @@
-"""Lifecycle core: lifecycle spec §7.1 (scenarios 1–30) and §7.6 (spawn guards 1 and 2).
+"""Lifecycle core: scenarios 7.1.1–7.1.30 and 7.6.1–7.6.2 (spawn guards) of docs/lifecycle.md.
 
 Every test runs with real commits (`transaction=True`), so after-commit launches, signals and
-wake-up delivery happen as they do in production. The helpers mirror the harness of §7.0.
+wake-up delivery happen as they do in production. The helpers mirror the scenarios' harness.
 """
 
 import threading
@@ -26,7 +26,7 @@ from agenttasks.exceptions import (
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime import task_tools as tools_module
 from agenttasks.states import TERMINAL, model_status
-from agenttasks.types import ActionRequest, RunOutcome, TaskInfo
+from agenttasks.types import ActionRequest, NewTask, RunOutcome, TaskInfo
 
 from .conftest import run_threads
 
@@ -39,7 +39,7 @@ APPROVAL = ActionRequest(
 CURRENT = object()  # finish(): "the task's current run"
 
 
-# --- the §7.0 harness ----------------------------------------------------------------------
+# --- the scenarios' harness -------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -152,7 +152,7 @@ def failing_task_lookup(error: DatabaseError):
         yield
 
 
-# --- §7.1 lifecycle core --------------------------------------------------------------------
+# --- 7.1 lifecycle core ---------------------------------------------------------------------
 
 
 def test_7_1_1_identity_is_separate_from_execution(spawn, recording_queue):
@@ -219,6 +219,32 @@ def test_7_1_5_concurrency_is_capped(spawn, settings, recording_queue):
     third = spawn()
     assert third.status == "working"
     assert row(third).status == "pending"
+
+
+def test_delegate_tasks_do_not_count_against_the_per_parent_cap(
+    spawn, parent, settings, recording_queue
+):
+    """The cap bounds a model's background fan-out; a delegate child is its caller's run's
+    business, so a live one takes no slot from a spawn or from a retry."""
+    configure(settings, MAX_CONCURRENT_PER_PARENT=1)
+    delegate = store.create_task(
+        NewTask(
+            parent_conversation_id=parent.pk,
+            owner=parent.owner,
+            agent="worker",
+            input="inline work",
+            kind="delegate",
+            delegation_key="k" * 64,
+        )
+    )
+    assert row(delegate).status == "pending"  # live for the whole test
+    first = spawn()  # the delegate took no slot
+    with pytest.raises(TaskLimit):
+        spawn()  # the one slot is taken
+    fail(first, "rate limited")
+    retried = lifecycle.retry(first.task_id)  # the freed slot, beside the live delegate
+    assert (retried.status, retried.attempt) == ("working", 2)
+    assert row(delegate).status == "pending"
 
 
 def test_7_1_6_an_ending_is_reported_once(spawn, signal_log):
@@ -621,7 +647,7 @@ def test_7_1_30_a_graceful_stop_leaves_the_ending_to_a_live_run(spawn):
     assert t.status == "cancelled"
 
 
-# --- §7.6 spawn guards ----------------------------------------------------------------------
+# --- 7.6 spawn guards -----------------------------------------------------------------------
 
 
 def test_7_6_1_spawn_refuses_when_the_depth_lookup_fails(spawn, parent, recording_queue):
@@ -638,7 +664,7 @@ def test_7_6_1_spawn_refuses_when_the_depth_lookup_fails(spawn, parent, recordin
 
 def test_7_6_2_meta_for_reports_a_store_failure(parent):
     # Adapted: there is no chat runtime yet; `task_tools.attachable` is the check a runtime
-    # makes before handing a run the four tools (§4.1), so it stands in for "withholds".
+    # makes before handing a run the four tools (docs/lifecycle.md#the-four-model-tools), so it stands in for "withholds".
     error = DatabaseError("server closed the connection unexpectedly")
     assert tools_module.attachable(parent) is True
     with failing_task_lookup(error):

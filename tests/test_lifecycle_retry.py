@@ -1,6 +1,6 @@
-"""Retry: lifecycle spec §7.2, scenarios 1–23, on the harness of §7.0.
+"""Retry: scenarios 7.2.1–7.2.23 of docs/lifecycle.md, on the harness described there.
 
-`spawn()`, `start(t)`, `finish(t, …)` and `fail(t, reason)` are the helpers of §7.0. Endings,
+`spawn()`, `start(t)`, `finish(t, …)` and `fail(t, reason)` are the harness's helpers. Endings,
 launches and signals run after commit, so every test commits for real.
 """
 
@@ -31,7 +31,7 @@ CURRENT = object()
 
 @pytest.fixture
 def h(parent, parent_run, recording_queue, signal_log):
-    """The §7.0 harness bound to P, R, the recording queue and the signal log."""
+    """The scenarios' harness bound to P, R, the recording queue and the signal log."""
     return Harness(parent, parent_run, recording_queue, signal_log)
 
 

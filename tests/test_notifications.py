@@ -1,6 +1,6 @@
-"""The wake-up notification: lifecycle spec §5 and scenarios §7.5 and §7.9.15.
+"""The wake-up notification: docs/lifecycle.md#the-notification and scenarios 7.5 and 7.9.15.
 
-Every task line is a record a consumer parses with the regex of §5.2: whatever a label or a
+Every task line is a record a consumer parses with the documented regex: whatever a label or a
 summary holds, each task stays on one line and parses to its true id and status.
 """
 
@@ -17,7 +17,7 @@ from agenttasks.text import go_quote, one_line
 from agenttasks.types import RunOutcome
 from agenttasks.wakeups import GUIDANCE, PREFIX, RETRY_HINT, format_notification, task_line
 
-# The consumer side of §5.2, verbatim.
+# The consumer side of docs/lifecycle.md#the-notification, verbatim.
 LINE_RE = re.compile(r'^Task "(.*)" \(([^)]+)\) (\w+)\.(?: Result: (.*))?$')
 MARKER_RE = re.compile(r" \[truncated — call task_status\([^)]+\) for the full result\]$")
 
@@ -43,7 +43,7 @@ def parse(line: str):
     return match.groups() if match else None
 
 
-# --- §7.5 ------------------------------------------------------------------------------------
+# --- 7.5 -------------------------------------------------------------------------------------
 
 
 def test_7_5_1_wire_shape():
@@ -129,7 +129,7 @@ def test_the_example_of_5_3_verbatim():
     )
 
 
-# --- §7.9.15 quoting (Go's strconv.Quote) ----------------------------------------------------
+# --- 7.9.15 quoting (Go's strconv.Quote) -----------------------------------------------------
 
 
 @pytest.mark.parametrize(

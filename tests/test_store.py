@@ -1,4 +1,4 @@
-"""The store: every operation's win, lose and unknown-id answers, and lifecycle spec §7.7–§7.8."""
+"""The store: every operation's win, lose and unknown-id answers, and scenarios 7.7–7.8 of docs/lifecycle.md."""
 
 from datetime import timedelta
 
@@ -357,6 +357,7 @@ class TestRetryClaim:
         task = reload(task)
         assert (task.status, task.run_id, task.attempt) == ("pending", new_run, 2)
         assert (task.summary, task.result, task.error) == ("", "", "")
+        assert (task.started_at, task.finished_at) == (None, None)  # the new attempt has not run
         assert task.run.trigger == "retry" and "rate limited" in task.run.input
         assert task.run.input.startswith("A previous attempt at this task failed: rate limited. ")
         assert Wakeup.objects.get().state == "dropped"
@@ -554,6 +555,7 @@ class TestReopen:
             "",
         )
         assert task.run.trigger == "comment" and task.run.input == "use prod"
+        assert (task.started_at, task.finished_at) == (None, None)  # the new run has not started
         assert Wakeup.objects.get().state == "dropped"
         assert not TaskResult.objects.filter(task=task).exists()
 
@@ -629,7 +631,7 @@ class TestFailOrphans:
         assert store.fail_orphans() == []
 
 
-# --- listings, round trips, database-level guarantees (§7.7.1, §7.7.10, §7.8) ----------------
+# --- listings, round trips, database-level guarantees (7.7.1, 7.7.10, 7.8) -------------------
 
 
 class TestListingsAndRoundTrips:

@@ -1,7 +1,8 @@
-"""The four model tools: lifecycle spec §4 and scenarios §7.4 (tools called with `call-1`).
+"""The four model tools: docs/lifecycle.md#the-four-model-tools and scenarios 7.4 (tools called
+with `call-1`).
 
-Also the strict argument validation, the exact descriptions and schemas of §4.2–§4.5, the
-ownership rule of §4.1 and the attach rule (`attachable`).
+Also the strict argument validation, the exact descriptions and schemas of the four tools, the
+ownership rule and the attach rule (`attachable`).
 """
 
 import json
@@ -69,7 +70,7 @@ def assert_tool_error(out, text):
     assert (out.text, out.is_error, out.display, out.details) == (text, True, None, None)
 
 
-# --- §7.4 scenarios --------------------------------------------------------------------------
+# --- 7.4 scenarios ---------------------------------------------------------------------------
 
 
 def test_7_4_1_spawn_task_returns_at_once(parent, parent_run, recording_queue):
@@ -270,7 +271,7 @@ def test_spawn_task_of_a_task_that_already_finished_settles_its_debt(parent, par
     assert Wakeup.objects.get().state == "consumed"
 
 
-# --- strict arguments (§4.1) -----------------------------------------------------------------
+# --- strict arguments ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -332,7 +333,7 @@ def test_valid_arguments_with_extra_keys_create_nothing(parent, parent_run, reco
     assert not Task.objects.exists() and recording_queue.run_ids == []
 
 
-# --- descriptions and schemas (§4.2–§4.5), verbatim ----------------------------------------
+# --- descriptions and schemas, verbatim ----------------------------------------------------
 
 SPAWN_DESCRIPTION = (
     "Start a background task: another agent works on the input while you continue. Returns a "
@@ -446,7 +447,7 @@ def test_exact_description_and_strict_schema(parent, parent_run, name):
     assert json.loads(json.dumps(tool.schema()))["function"]["description"] == description
 
 
-# --- ownership (§4.1) ------------------------------------------------------------------------
+# --- ownership ------------------------------------------------------------------------------
 
 OWNED_CALLS = {
     "task_status": lambda t: {"task_id": t, "wait_seconds": 0},
@@ -540,7 +541,7 @@ def test_an_owned_task_is_found(failed_child, parent, parent_run):
     assert not out.is_error and out.details["task_status"] == "failed"
 
 
-# --- attach rule (§4.1, §3.3, 7.6.2) ---------------------------------------------------------
+# --- attach rule (7.6.2) ---------------------------------------------------------------------
 
 
 def test_attachable_follows_max_depth(parent, parent_run):

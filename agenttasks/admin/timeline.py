@@ -1,4 +1,4 @@
-"""The readable timeline of a conversation's event log (spec/rest.md §4.3)."""
+"""The readable timeline of a conversation's event log (docs/rest.md#event-types)."""
 
 from dataclasses import dataclass, field
 

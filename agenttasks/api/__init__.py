@@ -1,1 +1,1 @@
-"""The REST API, in Django REST framework."""
+"""The REST API of docs/rest.md, in Django REST framework."""

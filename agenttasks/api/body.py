@@ -1,4 +1,5 @@
-"""Request bodies: JSON objects only, size decided before parsing, depth right after.
+"""Request bodies (docs/rest.md#requests): JSON objects only, size decided before parsing, depth
+right after.
 
 The app reads the body itself instead of through DRF's parsers so that the size limit is its own
 (MAX_REQUEST_BYTES, not DATA_UPLOAD_MAX_MEMORY_SIZE), a body without a content type is read as
@@ -75,7 +76,7 @@ def _read(django_request, limit: int) -> bytes:
 
 
 def parse(request):
-    """Return the request's JSON object, or None for an empty body; refuse (400, 415) the rest."""
+    """Return the request's JSON object, or None for an empty body; raise the refusals of docs/rest.md#requests."""
     django_request = getattr(request, "_request", request)
     limit = int(app_settings.MAX_REQUEST_BYTES)
     length = _length(django_request)

@@ -1,7 +1,8 @@
 """The uniform error envelope: `{"error": {"code", "message", "details"?}}`, for every error.
 
 The app's views use `handle` as their exception handler (never the host's EXCEPTION_HANDLER), so
-every refusal is an envelope with its status and code, and anything that is not a refusal is a logged 500 whose body carries no traceback.
+every refusal is an envelope with the status and code of docs/rest.md#errors, and anything that is
+not a refusal is a logged 500 whose body carries no traceback.
 """
 
 import logging
@@ -139,7 +140,7 @@ def _translate(exc, context) -> ApiError | None:
 
 
 def handle(exc, context):
-    """The exception handler of the app's views."""
+    """The exception handler of the app's views (docs/rest.md#errors)."""
     error = _translate(exc, context)
     set_rollback()
     if error is None:

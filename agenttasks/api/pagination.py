@@ -1,4 +1,4 @@
-"""limit/offset pages and the strict parsing of integer query parameters."""
+"""limit/offset pages (docs/rest.md#pagination) and the strict parsing of integer query parameters."""
 
 import re
 

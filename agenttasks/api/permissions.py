@@ -1,4 +1,4 @@
-"""Identity and ownership: the app's own rule, whatever the host's defaults.
+"""Identity and ownership (docs/rest.md#authentication-and-isolation): the app's own rule, whatever the host's defaults.
 
 A request is served for a *principal*: the authenticated user, or the anonymous principal
 (`None`) where ALLOW_ANONYMOUS (or, for listing tasks, ALLOW_ANONYMOUS_LIST) lets it in. A

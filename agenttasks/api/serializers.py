@@ -1,9 +1,9 @@
-"""Request validation and response shapes of the REST API.
+"""Request validation and response shapes of the REST API (docs/rest.md).
 
-Request serializers check a body field by field in a fixed order and raise the first refusal
-(`errors.ApiError`) with the contract's message; their declared fields document the body.
-Response serializers build the camelCase shapes of the answers, leaving out every optional field
-that is unset; their declared fields are the OpenAPI component schemas (Task, Run, Event, …).
+Request serializers check a body in the exact order of its section and raise the first refusal
+(`errors.ApiError`) with the spec's message; their declared fields document the body. Response
+serializers build the camelCase shapes of docs/rest.md#data-shapes, leaving out every optional field that is unset;
+their declared fields are the OpenAPI component schemas (Task, Run, Event, …).
 """
 
 import json
@@ -99,7 +99,7 @@ def text(value, name: str, *, required_message: str, code: str = "VALIDATION_ERR
 
 
 def uploads(value) -> list[files.Upload]:
-    """Check FileInput entries (name, mimeType, base64 content) and decode them."""
+    """Check FileInput entries (the structure of docs/rest.md#files) and decode them."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -583,7 +583,7 @@ def pending_actions(conversation_id: str, *, run_id: str | None = None) -> list[
     """A conversation's pending actions (of `run_id` when given) and those escalated to it.
 
     Escalated actions (asked in a delegate descendant's conversation) carry `conversationId`
-    and `path` (the conversations from the escalation's origin up to this one).
+    and `path` (docs/delegation.md#escalation).
     """
     from ..runtime import delegation
 
@@ -868,7 +868,7 @@ class AgentSerializer(Shape):
         out["hitl"]["onTimeout"] = hitl.get("on_timeout") or "deny"
         budget = {**app_settings.DEFAULT_BUDGET, **(agent.budget or {})}
         if agent.runtime == "callable":
-            # A callable run is bound only by its wall time.
+            # A callable run is bound only by its wall time (docs/delegation.md#the-callable-runtime).
             budget = {"max_wall_seconds": budget.get("max_wall_seconds")}
         shown = {BUDGET_NAMES[k]: v for k, v in budget.items() if k in BUDGET_NAMES and v}
         _put(out, "budget", shown or None)

@@ -1,4 +1,4 @@
-"""The events stream: Server-Sent Events over one conversation's log.
+"""The events stream (docs/rest.md#the-live-stream): Server-Sent Events over one conversation's log.
 
 A stream sends a snapshot (no `id:`), replays the events after the resume point, then sends each
 new event as it is committed. It waits on the in-process hub, which PostgreSQL NOTIFY also feeds,

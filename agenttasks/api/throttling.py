@@ -1,4 +1,4 @@
-"""Rate limits for the `read` and `write` scopes (AGENTTASKS["THROTTLE_RATES"]).
+"""Rate limits for the `read` and `write` scopes (AGENTTASKS["THROTTLE_RATES"], docs/rest.md#rate-limiting).
 
 The anonymous principal is counted per client address, which is REMOTE_ADDR unless the site says
 how many proxies it runs behind (REST_FRAMEWORK["NUM_PROXIES"]): a client writes whatever it

@@ -1,8 +1,8 @@
-"""The REST views: thin DRF views that validate, check, and call the lifecycle.
+"""The REST views (docs/rest.md): thin DRF views that validate, check, and call the lifecycle.
 
 Every view answers in the app's own terms whatever the host configured: its authentication
 (AGENTTASKS["AUTHENTICATION_CLASSES"] or DRF's default), its permission rule, its throttles, its
-body reading, its JSON renderer and its error envelope. Checks run in one global order:
+body reading, its JSON renderer and its error envelope. Checks run in the global order of docs/rest.md#errors:
 identity, throttle, body syntax, the path's resources (404, then 403, outermost first), body and
 query validation, the endpoint's own checks, then state conflicts. A rejected request writes
 nothing.
@@ -236,7 +236,7 @@ def action_pending(task: Task, action_ids) -> errors.ApiError:
 
 
 def reopen_refusal(task: Task) -> errors.ApiError | None:
-    """Why a comment cannot re-open this task now, or None."""
+    """Why a comment cannot re-open this task now, or None (the table of docs/rest.md#comments)."""
     if task.kind == DELEGATE or task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
         return task_busy(task)
     if task.status == TaskStatus.WAITING_FOR_INPUT:
@@ -768,7 +768,7 @@ class MessagesView(ApiView):
             raise errors.validation("order must be asc or desc", "order")
         rows = Event.objects.filter(conversation_id=conversation.id, type__in=MESSAGE_TYPES)
         # A turn that only called tools is logged with null content for the transcript; it is
-        # not a message anyone wrote.
+        # not a message anyone wrote (docs/rest.md#messages).
         rows = rows.exclude(type="message.assistant", data__content=None)
         rows = rows.order_by("seq" if order == "asc" else "-seq")
         items, total = page(rows, limit, offset)

@@ -87,7 +87,7 @@ class PendingAction(models.Model):
         return self.id
 
     def as_payload(self) -> dict:
-        """Return the REST shape (spec/rest.md §10.7), unset optional fields omitted."""
+        """Return the REST shape (docs/rest.md#data-shapes), unset optional fields omitted."""
         data = {
             "id": self.id,
             "kind": self.kind,

@@ -1,7 +1,7 @@
 """Approvals and questions of the chat runtime: the `ask_user` tool and how answers settle calls.
 
 A tool that needs approval and an `ask_user` call do not run when the model calls them: the run
-pauses on a PendingAction (spec/delegation.md §2.6–§2.7). When the run resumes, the recorded
+pauses on a PendingAction (docs/delegation.md#approvals, #questions-ask_user). When the run resumes, the recorded
 answer settles the call with the texts below.
 """
 

@@ -414,11 +414,13 @@ class RunContext:
 
         from django.utils import timezone
 
-        from ..conf import app_settings
+        from ..conf import _positive_number, app_settings
 
-        hitl = {**app_settings.DEFAULT_HITL, **(self.agent.hitl or {})}
-        minutes = hitl.get("timeout_minutes")
-        deadline = timezone.now() + timedelta(minutes=minutes) if minutes else None
+        default = app_settings.DEFAULT_HITL
+        hitl = {**default, **(self.agent.hitl or {})}
+        # Every action lapses (REST's expiresAt is always present).
+        minutes = _positive_number(hitl.get("timeout_minutes"), default["timeout_minutes"])
+        deadline = timezone.now() + timedelta(minutes=minutes)
         return {"deadline": deadline, "on_timeout": hitl.get("on_timeout") or "deny"}
 
     def read_stop_request(self) -> str:
@@ -461,7 +463,7 @@ def normalize_questions(questions) -> list[dict]:
     return out
 
 
-# --- budgets (spec/delegation.md §5) -----------------------------------------------------------
+# --- budgets (docs/delegation.md#budgets) ------------------------------------------------------
 
 BUDGET_PATTERN = re.compile(r"^The max_(turns|tokens|tool_calls|wall_seconds) budget \(")
 
@@ -471,7 +473,7 @@ class BudgetExceeded(Exception):
 
 
 def budget_message(limit: str, value, caller: str | None = None) -> str:
-    """The §5.5 sentence for a limit of this window (caller None) or of a calling agent's."""
+    """The sentence (docs/delegation.md#budget-messages) for a limit of this window (caller None) or of a calling agent's."""
     head = f"The {limit} budget ({format(value, 'g')})"
     return (
         f'{head} of the calling agent "{caller}" was reached' if caller else f"{head} was reached"

@@ -1,6 +1,6 @@
 """The chat runtime: an OpenAI-compatible chat-completions loop over httpx.
 
-spec/delegation.md §2–§3 is the contract. A run reads its transcript from the conversation's
+docs/delegation.md#the-chat-runtime is the contract. A run reads its transcript from the conversation's
 event log, calls the model, appends what the model said and what its tools returned, and ends
 completed, failed, paused or cancelled. No transaction or row lock is held while the model thinks
 or a tool runs; every event is appended in its own short transaction.
@@ -54,7 +54,7 @@ def execute(ctx: RunContext) -> RunOutcome:
     return ChatRun(ctx).execute()
 
 
-# --- the toolset (§2.2) ----------------------------------------------------------------------
+# --- the toolset (docs/delegation.md#the-toolset) ---------------------------------------------
 
 
 @dataclass
@@ -101,7 +101,7 @@ def toolset(ctx: RunContext) -> dict[str, Tool]:
 
 
 def parse_arguments(name: str, raw, parameters: dict) -> tuple[dict | None, str]:
-    """Parse and check a call's arguments (§2.5): (args, "") or (None, the error text)."""
+    """Parse and check a call's arguments (docs/delegation.md#executing-a-responses-calls): (args, "") or (None, the error text)."""
     prefix = f"invalid arguments for {name}: "
     if isinstance(raw, str):
         if not raw.strip():
@@ -126,7 +126,7 @@ def parse_arguments(name: str, raw, parameters: dict) -> tuple[dict | None, str]
     return value, ""
 
 
-# --- the transcript (§2.3) -------------------------------------------------------------------
+# --- the transcript (docs/delegation.md#the-transcript) ---------------------------------------
 
 
 @dataclass
@@ -186,11 +186,11 @@ def transcript(conversation_id: str, system_prompt: str) -> tuple[list[dict], li
     return messages, outstanding
 
 
-# --- the wire (§3) ---------------------------------------------------------------------------
+# --- the wire (docs/delegation.md#the-wire-format) --------------------------------------------
 
 
 class ModelError(Exception):
-    """A model-server failure; its message is the run's error (§3.4)."""
+    """A model-server failure; its message is the run's error (docs/delegation.md#model-server-errors)."""
 
     def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None):
         super().__init__(message)
@@ -241,7 +241,7 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def parse_response(response: httpx.Response) -> Response:
-    """Read choices[0].message and usage from a response, or raise the §3.4 ModelError."""
+    """Read choices[0].message and usage from a response, or raise the ModelError of docs/delegation.md#model-server-errors."""
     if not 200 <= response.status_code < 300:
         detail = _detail(response)
         head = f"Model server returned HTTP {response.status_code}"
@@ -415,7 +415,7 @@ def config(agent) -> Config:
     )
 
 
-# --- one response's calls (§2.5) -------------------------------------------------------------
+# --- one response's calls (docs/delegation.md#executing-a-responses-calls) -------------------
 
 
 @dataclass
@@ -428,7 +428,7 @@ class Batch:
     actions: list = field(default_factory=list)  # ActionRequests the pause creates
 
 
-# --- the loop (§2.4) -------------------------------------------------------------------------
+# --- the loop (docs/delegation.md#the-loop) ---------------------------------------------------
 
 
 class ChatRun:
@@ -636,7 +636,7 @@ class ChatRun:
         if events:
             self._append(events)
 
-    # settling and pausing (§2.8) ----------------------------------------------------------
+    # settling and pausing (docs/delegation.md#pausing-resuming-and-replay) ----------------
     def _settle(self, outstanding: list[Outstanding]) -> RunOutcome | None:
         """Replay this run's own outstanding calls (a resume); close any other run's."""
         others = [o.call for o in outstanding if o.run_id != self.run.id]

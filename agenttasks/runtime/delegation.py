@@ -1,4 +1,4 @@
-"""The `task {agent, prompt}` delegation tool (spec/delegation.md §4).
+"""The `task {agent, prompt}` delegation tool (docs/delegation.md#the-task-tool).
 
 A call starts (or reattaches to) a hidden `delegate` task of a team member and executes its run
 inline, in the calling thread: claimed, heartbeated and finished like a worker's run, never
@@ -133,7 +133,7 @@ def detached_callers(ctx) -> list[CallerLink]:
 def pending_actions(conversation_id: str) -> list[tuple[PendingAction, list[str]]]:
     """The pending actions of a conversation and its delegate descendants, with their paths.
 
-    This is what a caller's `pendingActions` lists (spec/rest.md): its own actions and the ones
+    This is what a caller's `pendingActions` lists (docs/rest.md#reading-a-task): its own actions and the ones
     escalated to it, each answerable through any conversation on its path.
     """
     return [(a, path_of(a.conversation_id)) for a in store.pending_actions_below(conversation_id)]
@@ -154,7 +154,7 @@ def stop_children(task_ids) -> None:
 
 
 def call(ctx, budget, call_id: str, args: dict, *, replay: bool = False) -> CallResult:
-    """Run one `task` call of the caller run `ctx` (§4.3): refuse, reattach, or start a child."""
+    """Run one `task` call of the caller run `ctx` (docs/delegation.md#what-a-call-does): refuse, reattach, or start a child."""
     agent_id, prompt = args["agent"], args["prompt"]
     if not prompt.strip():
         return _refused(EMPTY_PROMPT)
@@ -259,7 +259,7 @@ def _reattach(ctx, budget, call_id: str, child: Task, replay: bool) -> CallResul
 
 
 def _follow(ctx, budget, task_id: str) -> CallResult:
-    """Drive the child to an ending or a pause (§4.6), then build the call's result."""
+    """Drive the child to an ending or a pause (docs/delegation.md#delegation-keys-and-reattaching), then build the call's result."""
     links = [CallerLink(budget.own, ctx.stop), *ctx.callers]
     wait = float(app_settings.DELEGATION_WAIT_TIMEOUT)
     left, _ = budget.wall_deadline()
@@ -330,7 +330,7 @@ def _runtime_of(agent_id: str) -> str:
 
 
 def _absorb(ctx, budget, child: Task) -> None:
-    """Add the child's not yet counted usage and tool calls to the caller's run (§4.7)."""
+    """Add the child's not yet counted usage and tool calls to the caller's run (docs/delegation.md#the-result)."""
     keys = ("prompt_tokens", "completion_tokens", "total_tokens", "tool_calls")
     with transaction.atomic():
         for run in Run.objects.select_for_update().filter(task_id=child.id).order_by("created_at"):
@@ -354,7 +354,7 @@ def _metadata(child: Task) -> dict:
 
 
 def _result(ctx, child: Task, action: PendingAction | None) -> CallResult:
-    """Map how the child stands to the call's result (§4.7), or to its escalation (§4.8)."""
+    """Map how the child stands to the call's result, or to its escalation (docs/delegation.md#the-result, #escalation)."""
     metadata = _metadata(child)
     if action is not None:
         pending = {

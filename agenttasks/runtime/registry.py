@@ -124,10 +124,9 @@ def _check_hitl(agent_id: str, hitl) -> dict:
         if key not in HITL_KEYS:
             raise _fail(agent_id, f"hitl: unknown key {key!r}")
     timeout = hitl.get("timeout_minutes")
-    if (
-        "timeout_minutes" in hitl
-        and timeout is not None
-        and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0)
+    # Every approval and question has a deadline: None ("never lapses") is not a timeout.
+    if "timeout_minutes" in hitl and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
     ):
         raise _fail(agent_id, f"hitl: timeout_minutes has an invalid value {timeout!r}")
     if "on_timeout" in hitl and hitl["on_timeout"] not in ("deny", "cancel"):

@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 29–38: approvals and questions.
+"""docs/rest.md, scenarios 29–38: approvals and questions.
 
 The scenarios name chat agents (`deployer`, `strict`, `asker`); until the chat runtime lands
 (issue 6) they run with the callable test agents of the same observable behaviour over REST:
@@ -229,7 +229,7 @@ def test_rest_12_38_late_answer_applies_the_timeout(as_alice, workers):
 def test_an_escalated_action_is_listed_and_answered_through_the_callers_conversation(
     model, agents, as_alice, recording_queue
 ):
-    """A delegate child's approval shows on its caller and is answerable
+    """docs/delegation.md#escalation: a delegate child's approval shows on its caller and is answerable
     through any conversation on its path (the chat runtime and the fake model server)."""
     from ..fake_model import SECRET, answer, calls, run_to_idle
 
@@ -295,17 +295,7 @@ def answer_(text):
     return answer(text)
 
 
-LAPSED_CONFLICT = pytest.mark.xfail(
-    reason="two contracts disagree: the REST one says `Tool call was not approved in time and was "
-    "not run`, the delegation one (and the chat runtime) `Tool call denied: no answer before the "
-    "approval deadline`",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "decision", ["approve", "deny", pytest.param("expire", marks=LAPSED_CONFLICT)]
-)
+@pytest.mark.parametrize("decision", ["approve", "deny", "expire"])
 def test_rest_12_29_to_36_with_the_chat_deployer(
     model, agents, as_alice, recording_queue, decision
 ):
@@ -344,7 +334,8 @@ def test_rest_12_29_to_36_with_the_chat_deployer(
     expected = {
         "approve": ("deployed to prod", False),
         "deny": ("Tool call denied by the user: not today", True),
-        "expire": ("Tool call was not approved in time and was not run", True),
+        # A lapsed approval under `deny` has one text, over REST too.
+        "expire": ("Tool call denied: no answer before the approval deadline", True),
     }[decision]
     assert (result["data"]["content"], result["data"]["isError"]) == expected
     content = as_alice.get(f"/tasks/{task['id']}/result").json()["result"]["content"]

@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 49–53: callbacks, seen from the API (in-process workers).
+"""docs/rest.md, scenarios 49–53: callbacks, seen from the API (in-process workers).
 
 Callback jobs run at once in the thread that commits the ending (the recording queue); a stub
 resolver answers name lookups, so no request ever leaves loopback.

@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 39–48: cancel and retry.
+"""docs/rest.md, scenarios 39–48: cancel and retry.
 
 Agents run on the in-process worker pool (scenario 39 deliberately has none). Scenario 42 uses
 the callable `approver` in place of the chat agent `deployer`.
@@ -113,6 +113,7 @@ def test_rest_12_44_retry(as_alice, workers):
     retried = response.json()["task"]
     assert (retried["status"], retried["attempt"]) == ("pending", 2)
     assert retried["runId"] != task["runId"] and "error" not in retried
+    assert "startedAt" not in retried and "completedAt" not in retried  # cleared by the retry
     messages = as_alice.get(f"/conversations/{task['conversationId']}/messages").json()["messages"]
     retry_prompts = [m for m in messages if m.get("origin") == "retry"]
     assert retry_prompts[0]["content"].startswith("A previous attempt at this task failed: ")

@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 23–28: comments re-open tasks.
+"""docs/rest.md, scenarios 23–28: comments re-open tasks.
 
 Agents run on the in-process worker pool. Scenario 27 uses the callable `approver` (an approval
 for `deploy {"env": "prod"}`) in place of the chat agent `deployer`.
@@ -28,6 +28,7 @@ def test_rest_12_23_comment_reopens(as_alice, workers):
     reopened = body["task"]
     assert reopened["status"] == "pending" and reopened["runId"] != first_run
     assert reopened["attempt"] == 1 and "completedAt" not in reopened
+    assert "startedAt" not in reopened  # a re-opening comment clears Task.started_at
     assert body["comment"]["runId"] == reopened["runId"]
     error(as_alice.get(f"/tasks/{task['id']}/result"), 404, "NOT_FOUND")
     workers.paused = False

@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 57–61: conversations and messages (in-process workers).
+"""docs/rest.md, scenarios 57–61: conversations and messages (in-process workers).
 
 Scenario 59 needs a conversation whose run blocks until the test releases it: the `gate` test
 agent reads its gate from a task's metadata, so a local `conversation-gate` agent reads it from

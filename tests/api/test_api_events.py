@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 62–65: the event log and the live stream.
+"""docs/rest.md, scenarios 62–65: the event log and the live stream.
 
 The stream is read with httpx over real servers: Django's threaded WSGI live server (what
 `manage.py runserver` runs) and uvicorn (ASGI, the async streaming path). Agents run on the

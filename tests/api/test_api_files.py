@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 54–56: files (in-process workers where a run is needed)."""
+"""docs/rest.md, scenarios 54–56: files (in-process workers where a run is needed)."""
 
 import hashlib
 from datetime import datetime, timedelta

@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 1–10: identity, the envelope and conventions."""
+"""docs/rest.md, scenarios 1–10: identity, the envelope and conventions."""
 
 import logging
 import re
@@ -177,7 +177,7 @@ OPAQUE = {"metadata", "args", "data", "state", "answers"}
 
 
 def check_formats(value, key=None, parent=None):
-    """Every id, date and key of an answer follows §1.4; no value is null."""
+    """Every id, date and key of an answer follows docs/rest.md#responses; no value is null."""
     assert value is not None, f"null at {key}"
     if isinstance(value, dict):
         for k, v in value.items():

@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 66–69: budgets, recovery, agents and documentation.
+"""docs/rest.md, scenarios 66–69: budgets, recovery, agents and documentation.
 
 Scenario 66 runs the chat `frugal` agent (the chat runtime of issue 6) against the scripted
 fake model server, on the in-process worker pool. Scenario 67 runs on a real django-q2 cluster (a subprocess on the test database) that the test
@@ -95,7 +95,7 @@ def test_rest_12_66_budgets(model, agents, as_alice, workers, receiver):
         cut = as_alice.create("frugal", "cut short", callbackUrl=receiver.url)
         failed = as_alice.wait_status(cut["id"], "failed")
         wait_for(lambda: receiver.bodies(), message="the failed callback")
-    assert "budget" in failed["error"] and "was reached" in failed["error"], failed["error"]
+    assert failed["error"] == "The max_tokens budget (50) was reached"
     assert seen["cut short"] == 2  # stopped after the second call (60 tokens)
     (body,) = receiver.bodies()
     assert (body["status"], body["error"]) == ("failed", failed["error"])
@@ -103,7 +103,13 @@ def test_rest_12_66_budgets(model, agents, as_alice, workers, receiver):
     as_alice.wait_status(crossing["id"], "completed")
     result = as_alice.get(f"/tasks/{crossing['id']}/result").json()["result"]
     assert result["content"] == "done within budget" and seen["cross it"] == 2
-    # The turn that only called `noop` is in the transcript, not among the messages.
+    # The turn that only called `noop` is in the transcript (a message.assistant event with null
+    # content), not among the messages.
+    logged = as_alice.events(crossing["conversationId"])
+    assert [e["data"]["content"] for e in logged if e["type"] == "message.assistant"] == [
+        None,
+        "done within budget",
+    ]
     messages = as_alice.get(f"/conversations/{crossing['conversationId']}/messages").json()[
         "messages"
     ]

@@ -1,10 +1,10 @@
-"""REST acceptance scenario 8: schemathesis against the served OpenAPI document.
+"""docs/rest.md, scenario 8: schemathesis against the served OpenAPI document.
 
 A live server (Django's threaded WSGI server, as runserver) and a real django-q2 cluster on the
 test database. Every operation but the stream gets generated requests in three phases: valid
 data, mutated (negative) data, and valid data aimed at alice's real task, conversation, action
 and file. Every answer must conform to the document (status, content type, schema), be no 5xx,
-and every non-2xx answer must be the error envelope with a code of §1.6.
+and every non-2xx answer must be the error envelope with a code of docs/rest.md#errors.
 """
 
 import os

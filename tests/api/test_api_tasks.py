@@ -1,4 +1,4 @@
-"""REST acceptance scenarios 11–22: creating, reading, listing and waiting for tasks.
+"""docs/rest.md, scenarios 11–22: creating, reading, listing and waiting for tasks.
 
 Agents run on the in-process worker pool (`workers`: worker.execute_run in threads); scenario 20
 (a model spawning a task) also runs on a real django-q2 cluster in test_api_events_cluster.py.
