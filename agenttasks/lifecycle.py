@@ -897,7 +897,7 @@ def _with_progress(run: Run, state) -> Run:
     return run
 
 
-# --- REST API additions (issue 5): conversations and their messages ---------------------------
+# --- conversations and their messages ---------------------------------------------------------
 
 
 def create_conversation(*, owner, agent_id: str, title: str = "", metadata=None) -> Conversation:
@@ -930,7 +930,7 @@ def post_message(
     return run, event
 
 
-# --- delegation (issue 6): resuming a caller paused on its delegate children ------------------
+# --- resuming a caller paused on its delegate children ----------------------------------------
 
 
 def resume_if_settled(conversation_id: str | None) -> None:

@@ -1,7 +1,7 @@
 """docs/rest.md, scenarios 29–38: approvals and questions.
 
-The scenarios name chat agents (`deployer`, `strict`, `asker`); until the chat runtime lands
-(issue 6) they run with the callable test agents of the same observable behaviour over REST:
+The scenarios name chat agents (`deployer`, `strict`, `asker`); most run with the callable test
+agents of the same observable behaviour over REST:
 `approver` asks approval for `deploy {"env": <input>}` and replies `deployed to prod` /
 `not deployed`; `strict-approver` is the same with `hitl.on_timeout = "cancel"`; `asker` asks
 `q1` "Which format?" (PDF, HTML). A callable handler writes no `tool.call` / `tool.result`

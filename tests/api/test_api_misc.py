@@ -1,8 +1,8 @@
 """docs/rest.md, scenarios 66–69: budgets, recovery, agents and documentation.
 
-Scenario 66 runs the chat `frugal` agent (the chat runtime of issue 6) against the scripted
-fake model server, on the in-process worker pool. Scenario 67 runs on a real django-q2 cluster (a subprocess on the test database) that the test
-kills with SIGKILL; the `approver` callable stands in for the chat `deployer`.
+Scenario 66 runs the chat `frugal` agent against the scripted fake model server, on the
+in-process worker pool. Scenario 67 runs on a real django-q2 cluster (a subprocess on the test
+database) that the test kills with SIGKILL; the `approver` callable stands in for the chat `deployer`.
 """
 
 import re
