@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, transaction
 
-from . import ids, queue, signals, store, wakeups
+from . import callbacks, ids, queue, registry, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
     ActionPending,
@@ -33,9 +33,9 @@ from .exceptions import (
     TaskLimit,
     TaskNotFound,
 )
+from .files import remove_now, remove_stored
 from .listen import hub, task_key
 from .models import Comment, Conversation, PendingAction, Run, Task
-from .runtime import registry
 from .states import (
     LIVE,
     TERMINAL,
@@ -137,8 +137,6 @@ def _wake_waiters(task_id: str) -> None:
 
 
 def _callback(task: Task, status: str) -> None:
-    from . import callbacks
-
     callbacks.schedule(task, status)
 
 
@@ -212,8 +210,6 @@ def create(
     """
     agent = registry.get(agent_id)
     if callback_url:
-        from . import callbacks
-
         callbacks.check_syntax(callback_url)
         callbacks.check_address(callback_url)
     run_id = ids.new_run_id()
@@ -877,16 +873,14 @@ def delete_conversation(conversation_id: str) -> None:
     ever left on disk without a row that leads to them; inside a caller's transaction they go
     when it commits.
     """
-    from . import files
-
     tree = store.mark_deleting(conversation_id)
     stop_tree(conversation_id)  # its tasks end cancelled, with their events and callbacks
     store.stop_runs(tree)  # and whatever still runs there stops
     stored = store.stored_files(tree)
     if transaction.get_connection().in_atomic_block:
-        files.remove_stored(stored)
+        remove_stored(stored)
     else:
-        files.remove_now(stored)
+        remove_now(stored)
     store.delete_tree(conversation_id)
 
 

@@ -10,10 +10,10 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from agenttasks import lifecycle, store, wakeups, worker
+from agenttasks import lifecycle, registry, store, wakeups, worker
 from agenttasks.exceptions import ActionPending, ConversationBusy, NotRetryable, TaskBusy
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
-from agenttasks.runtime import delegation, registry
+from agenttasks.runtime import delegation
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import task_tools
 

@@ -95,7 +95,7 @@ class Generator(SchemaGenerator):
 
     def __init__(self, *args, **kwargs):
         if kwargs.get("patterns") is None and kwargs.get("urlconf") is None:
-            from .urls import schema_patterns
+            from .urls import schema_patterns  # lazily: urls.py imports this module
 
             kwargs["patterns"] = schema_patterns
         super().__init__(*args, **kwargs)
