@@ -992,7 +992,7 @@ def test_s37_an_immediate_stop_reaches_the_inline_child(model, agents, user, rec
     assert "c1" not in tool_results(task.conversation_id)
     # "Stopped while a run was executing": the stop reason the result maps to `interrupted`.
     assert refresh(child).stop_reason == "stopped"
-    assert delegation._result(None, refresh(child), None).result.output == (
+    assert delegation._result(None, refresh(child), None).result.text == (
         "[interrupted] the subtask was stopped before it finished"
     )
     assert server.of("m-explorer")[0].answered.wait(2)
