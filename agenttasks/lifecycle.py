@@ -577,7 +577,7 @@ def resolve_action(action_id: str, resolution: dict):
 def on_run_finished(conversation, outcome: RunOutcome, *, task: Task | None = None) -> None:
     """The single entry point for a run's ending: pause, continue, or finalize its task.
 
-    The worker passes the task it claimed (`task`), which saves looking it up again.
+    The run driver passes the task it claimed (`task`), which saves looking it up again.
     """
     conversation_id = getattr(conversation, "pk", conversation)
     if task is None:
