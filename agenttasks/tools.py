@@ -59,10 +59,9 @@ class InvalidArguments(ValueError):
         return f"invalid arguments for {name}: {detail}"
 
     def tool_text(self, name: str) -> str:
-        """Word the problem for a tool called directly (`ToolSpec.call`)."""
-        article = "an" if self.expected[:1] in tuple("aeiou") else "a"
+        """Word the problem for a tool called directly (`ToolSpec.call`: never JSON to decode)."""
+        article = "an" if self.expected and self.expected[0] in "aeiou" else "a"
         detail = {
-            "json": "arguments are not valid JSON",
             "object": "arguments must be a JSON object",
             "unknown": f"unknown property {self.prop!r}",
             "missing": f"property {self.prop!r} is required",
