@@ -4,7 +4,7 @@ from django.db.models.signals import pre_delete
 
 
 def _delete_users_work(sender, instance, **kwargs):
-    from . import lifecycle
+    from . import lifecycle  # lazily: apps.py is imported before any model can be
 
     lifecycle.delete_owned_by(instance)
 
@@ -15,6 +15,7 @@ class AgentTasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        # Imported here, not at the top: they import models, which exist only once apps load.
         from . import (
             checks,  # noqa: F401  (registers the system checks)
             forking,

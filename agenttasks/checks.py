@@ -7,7 +7,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from . import forking
+from . import forking, registry
 from .conf import DEFAULTS, app_settings
 
 REQUIRED_APPS = ("rest_framework", "django_q")
@@ -67,8 +67,6 @@ def check_settings(app_configs=None, **kwargs):
 @register()
 def check_agents(app_configs=None, **kwargs):
     """Every agent definition loads; warn about what will not work as written."""
-    from .runtime import registry
-
     registry.reset()
     try:
         agents = registry.agents()

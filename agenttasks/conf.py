@@ -162,9 +162,6 @@ app_settings = AppSettings()
 def _reload(*, setting, **kwargs):
     if setting == "AGENTTASKS":
         app_settings.reload()
-        from .runtime import registry
-
-        registry.reset()
 
 
 setting_changed.connect(_reload)

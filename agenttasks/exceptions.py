@@ -1,5 +1,6 @@
 """Errors of the task lifecycle; refusals carry `.info`, the task as it was when refused."""
 
+from .states import model_status
 from .text import go_quote
 
 
@@ -118,8 +119,7 @@ class TaskBusy(TaskError):
     """A comment reached a task that is pending or running (REST: task_busy)."""
 
     def __init__(self, status: str, message: str | None = None, *, info=None):
-        from .states import model_status  # messages use the model-facing name (working, …)
-
+        # Messages use the model-facing name of a status (working, …).
         super().__init__(message or f"tasks: task is {model_status(status)}", info=info)
         self.status = status
 

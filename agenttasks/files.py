@@ -21,11 +21,13 @@ from django.core.exceptions import SuspiciousFileOperation
 from django.core.files.base import ContentFile
 from django.core.files.storage import storages
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 from django.utils.text import get_valid_filename
 
 from . import ids
 from .conf import app_settings
+from .models import File
 
 logger = logging.getLogger(__name__)
 
@@ -200,10 +202,6 @@ def _storage_name(conversation_id: str, upload: Upload) -> str:
 
 def save(uploads, *, conversation_id, owner, rules: dict, task_id=None, written=None) -> list:
     """Store the bytes and create the File rows (call inside the request's transaction)."""
-    from django.db.models import F
-
-    from .models import File
-
     days = rules.get("retentionDays")
     rows = []
     for upload in uploads:
@@ -248,8 +246,6 @@ def open_bytes(file):
 
 def expired(now=None):
     """Files whose retention has passed."""
-    from .models import File
-
     return File.objects.filter(expires_at__lt=now or timezone.now()).order_by("expires_at", "id")
 
 
@@ -258,8 +254,6 @@ def prune(*, dry_run: bool = False, now=None) -> list[str]:
     rows = list(expired(now).values_list("id", "storage_name"))
     if dry_run or not rows:
         return [file_id for file_id, _ in rows]
-    from .models import File
-
     with transaction.atomic():
         File.objects.filter(pk__in=[file_id for file_id, _ in rows]).delete()
         remove_stored([name for _, name in rows])

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from . import callbacks, files, ids, queue, signals, store, wakeups
+from . import callbacks, ids, queue, registry, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
     ActionPending,
@@ -34,9 +34,9 @@ from .exceptions import (
     TaskLimit,
     TaskNotFound,
 )
+from .files import remove_now, remove_stored
 from .listen import hub, task_key
 from .models import Comment, Conversation, PendingAction, Run, Task
-from .runtime import registry
 from .states import (
     LIVE,
     TERMINAL,
@@ -574,7 +574,7 @@ def resolve_action(action_id: str, resolution: dict[str, Any]):
 def on_run_finished(conversation, outcome: RunOutcome, *, task: Task | None = None) -> None:
     """The single entry point for a run's ending: pause, continue, or finalize its task.
 
-    The worker passes the task it claimed (`task`), which saves looking it up again.
+    The run driver passes the task it claimed (`task`), which saves looking it up again.
     """
     conversation_id = getattr(conversation, "pk", conversation)
     if task is None:
@@ -865,9 +865,9 @@ def delete_conversation(conversation_id: str) -> None:
     store.stop_runs(tree)  # and whatever still runs there stops
     stored = store.stored_files(tree)
     if transaction.get_connection().in_atomic_block:
-        files.remove_stored(stored)
+        remove_stored(stored)
     else:
-        files.remove_now(stored)
+        remove_now(stored)
     store.delete_tree(conversation_id)
 
 

@@ -110,7 +110,7 @@ class Hub:
         self._thread = None
 
     def _listen(self) -> None:
-        import psycopg
+        import psycopg  # lazily: an optional dependency, needed on PostgreSQL only
 
         while not self._stop.is_set():
             try:

@@ -1,6 +1,8 @@
 """Enqueue work on django-q2 after commit; the only module that imports django_q.
 
 Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
+django_q is imported inside the functions that use it, so that importing agenttasks never loads
+django-q2's configuration (read from settings when it is imported) or its models.
 """
 
 import functools

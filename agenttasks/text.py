@@ -1,5 +1,7 @@
 """Text helpers shared by messages and notifications: Go-style quoting and escaping."""
 
+from datetime import timezone
+
 _SHORT_ESCAPES = {
     "\a": "\\a",
     "\b": "\\b",
@@ -44,7 +46,5 @@ def iso(dt) -> str | None:
     """Format a datetime as ISO-8601 UTC with exactly three fractional digits and a Z."""
     if dt is None:
         return None
-    from datetime import timezone
-
     dt = dt.astimezone(timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"

@@ -2,8 +2,8 @@
 
 import time
 
+from agenttasks import registry
 from agenttasks.conf import app_settings
-from agenttasks.runtime import registry
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import task_tools
 from agenttasks.wakeups import PREFIX

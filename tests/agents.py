@@ -7,7 +7,7 @@ process can hold a run at a known point and release it.
 import os
 import time
 
-from agenttasks.runtime import registry
+from agenttasks import registry
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import task_tools
 from agenttasks.wakeups import PREFIX

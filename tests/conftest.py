@@ -7,8 +7,7 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection
 
-from agenttasks import queue, signals
-from agenttasks.runtime import registry
+from agenttasks import queue, registry, signals
 from agenttasks.runtime.base import Reply
 
 from .factories import ConversationFactory, RunFactory, UserFactory

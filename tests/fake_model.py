@@ -24,10 +24,9 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
-from agenttasks import lifecycle, worker
+from agenttasks import lifecycle, registry, worker
 from agenttasks.models import Event, Task
-from agenttasks.runtime import registry
-from agenttasks.runtime.base import tool
+from agenttasks.tools import tool
 
 U = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
 ASK_USER = "agenttasks.runtime.approvals.ask_user"

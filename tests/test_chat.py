@@ -12,7 +12,7 @@ import pytest
 
 from agenttasks import lifecycle, worker
 from agenttasks.models import Event, PendingAction, Run
-from agenttasks.runtime import chat
+from agenttasks.runtime import model_client
 
 from .conftest import wait_for
 from .fake_model import (
@@ -375,7 +375,7 @@ def test_s27_variations(model, agents, user, recording_queue, monkeypatch):
     monkeypatch.delenv("AGENTTASKS_MODEL_BASE_URL")
     before = len(server.requests)
     failed = refresh(task_for_and_run(user, "own", recording_queue))
-    assert (failed.status, failed.error) == ("failed", chat.NO_SERVER)
+    assert (failed.status, failed.error) == ("failed", model_client.NO_SERVER)
     assert failed.error == (
         'No model server configured: set AGENTTASKS["MODEL_BASE_URL"] or the '
         "AGENTTASKS_MODEL_BASE_URL environment variable"
@@ -649,7 +649,7 @@ def test_tool_exceptions_and_return_values(model, agents, user, recording_queue)
 def test_the_demo_assistant_says_what_it_needs_and_uses_the_server_once_configured(
     model, user, recording_queue
 ):
-    from agenttasks.runtime import registry
+    from agenttasks import registry
     from project.agents import register_assistant
 
     model.set(MODEL_BASE_URL=None, DEFAULT_MODEL=None)

@@ -38,8 +38,8 @@ def test_every_approval_lapses_after_60_minutes_by_default(timeout):
 
         from django.utils import timezone
 
+        from agenttasks.registry import AgentDef
         from agenttasks.runtime.base import RunContext
-        from agenttasks.runtime.registry import AgentDef
 
         agent = AgentDef(id="raw", hitl={"timeout_minutes": timeout})
         ctx = RunContext(run=None, conversation=None, task=None, agent=agent, stop=None)
@@ -50,7 +50,7 @@ def test_every_approval_lapses_after_60_minutes_by_default(timeout):
 def test_an_agent_cannot_ask_for_an_approval_that_never_lapses():
     from django.core.exceptions import ImproperlyConfigured
 
-    from agenttasks.runtime import registry
+    from agenttasks import registry
 
     with pytest.raises(ImproperlyConfigured, match="timeout_minutes has an invalid value None"):
         registry.build("forever", hitl={"timeout_minutes": None})

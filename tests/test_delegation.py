@@ -10,10 +10,10 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from agenttasks import lifecycle, store, wakeups, worker
+from agenttasks import lifecycle, registry, store, wakeups, worker
 from agenttasks.exceptions import ActionPending, ConversationBusy, NotRetryable, TaskBusy
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
-from agenttasks.runtime import delegation, registry
+from agenttasks.runtime import delegation
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import task_tools
 
@@ -1026,7 +1026,7 @@ def test_s37_an_immediate_stop_reaches_the_inline_child(model, agents, user, rec
     assert "c1" not in tool_results(task.conversation_id)
     # "Stopped while a run was executing": the stop reason the result maps to `interrupted`.
     assert refresh(child).stop_reason == "stopped"
-    assert delegation._result(None, refresh(child), None).result.output == (
+    assert delegation._result(None, refresh(child), None).result.text == (
         "[interrupted] the subtask was stopped before it finished"
     )
     assert server.of("m-explorer")[0].answered.wait(2)

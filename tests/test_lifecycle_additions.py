@@ -28,7 +28,7 @@ from django.db import DatabaseError, connection
 from django.test import override_settings
 from django.utils import timezone
 
-from agenttasks import lifecycle, store, wakeups
+from agenttasks import lifecycle, registry, store, wakeups
 from agenttasks.exceptions import ActionPending, DepthLimit, RunNotFound, TaskBusy, TaskNotFound
 from agenttasks.listen import hub, task_key
 from agenttasks.models import (
@@ -40,13 +40,13 @@ from agenttasks.models import (
     Task,
     Wakeup,
 )
-from agenttasks.runtime import registry
 from agenttasks.runtime.base import Reply
 from agenttasks.types import ActionRequest, Continuation, RunOutcome, StopOutcome
 from agenttasks.wakeups import PREFIX
 
 from .conftest import failing_inserts, on_postgres, run_threads, wait_for
 from .factories import ConversationFactory, RunFactory
+from .harness import finish, row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,10 +69,6 @@ def always_continue(task, outcome):
 # --- the scenarios' harness ---------------------------------------------------------------------
 
 
-def row(t) -> Task:
-    return Task.objects.select_related("run", "conversation").get(pk=getattr(t, "pk", t))
-
-
 def spawn(parent, parent_run=None, **kw) -> str:
     kw.setdefault("label", "job")
     return lifecycle.spawn(parent, "worker", "do it", parent_run=parent_run, **kw).task_id
@@ -82,16 +78,6 @@ def start(t):
     run = store.claim(row(t).run_id, "w1")
     assert run
     return run
-
-
-def finish(t, status, text="", error="", graceful=False, run_id=None, **kw):
-    task = row(t)
-    run_id = run_id or task.run_id
-    if run_id == task.run_id and task.run.status == "queued":
-        start(t)
-    outcome = RunOutcome(run_id, status, text=text, error=error, graceful_stop=graceful, **kw)
-    lifecycle.on_run_finished(task.conversation_id, outcome)
-    return row(t)
 
 
 def notifications(conversation):
@@ -116,7 +102,7 @@ overrides = json.loads(os.environ.get("PEER_AGENTTASKS") or "{}")
 override_settings(AGENTTASKS={**getattr(settings, "AGENTTASKS", {}), **overrides}).enable()
 from agenttasks import lifecycle, queue
 from agenttasks.models import Run, Task
-from agenttasks.runtime import registry
+from agenttasks import registry
 from agenttasks.runtime.base import Reply
 from agenttasks.types import RunOutcome
 for agent_id in ("default", "worker"):

@@ -18,12 +18,12 @@ from agenttasks.states import TERMINAL
 from agenttasks.types import ActionRequest, Continuation, RunOutcome
 
 from . import hooks
+from .harness import fail, finish, row, runs_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CONTINUE = {"sequence": "tests.hooks.sequence"}
 APPROVAL = ActionRequest(kind="approval", tool_name="deploy", tool_call_id="call-9", args={})
-CURRENT = object()
 
 
 @pytest.fixture(autouse=True)
@@ -53,38 +53,14 @@ class Harness:
     def start(self, t):
         return store.claim(row(t).run_id, "w1")
 
-    def finish(self, t, status, text="", error="", graceful=False, run_id=CURRENT, **kw):
-        task = row(t)
-        target = task.run_id if run_id is CURRENT or run_id is None else run_id
-        if target == task.run_id and task.run.status == "queued":
-            assert store.claim(target, "w1")
-        outcome = RunOutcome(
-            run_id=task.run_id if run_id is CURRENT else run_id,
-            status=status,
-            text=text,
-            error=error,
-            graceful_stop=graceful,
-            **kw,
-        )
-        lifecycle.on_run_finished(task.conversation, outcome)
-        return row(t)
-
-    def fail(self, t, reason):
-        return self.finish(t, "failed", error=reason)
+    finish = staticmethod(finish)
+    fail = staticmethod(fail)
 
     def finished(self, t):
         return [s for s in self.log.finished if s.id == t]
 
     def delivered(self, t):
         return [s for s in self.log.delivered if s.id == t]
-
-
-def row(t) -> Task:
-    return Task.objects.select_related("run", "conversation").get(pk=t)
-
-
-def runs_of(t) -> list[Run]:
-    return list(Run.objects.filter(task_id=t).order_by("created_at", "id"))
 
 
 def test_7_3_1_runs_chain_under_one_task(h):

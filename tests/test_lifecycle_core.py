@@ -26,9 +26,10 @@ from agenttasks.exceptions import (
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime import task_tools as tools_module
 from agenttasks.states import TERMINAL, model_status
-from agenttasks.types import ActionRequest, NewTask, RunOutcome, TaskInfo
+from agenttasks.types import ActionRequest, NewTask, TaskInfo
 
 from .conftest import run_threads
+from .harness import fail, finish, row, task_id_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,7 +37,6 @@ ORPHAN_TEXT = "The server stopped while the task was running"
 APPROVAL = ActionRequest(
     kind="approval", tool_name="deploy", tool_call_id="call-approve", args={"env": "prod"}
 )
-CURRENT = object()  # finish(): "the task's current run"
 
 
 # --- the scenarios' harness -------------------------------------------------------------------
@@ -52,38 +52,11 @@ def spawn(parent, parent_run):
     return spawn_
 
 
-def task_id_of(t) -> str:
-    return t.task_id if isinstance(t, TaskInfo) else t.id
-
-
-def row(t) -> Task:
-    """Re-read a task (from a Task or a TaskInfo) with its conversation and current run."""
-    return Task.objects.select_related("conversation", "run").get(pk=task_id_of(t))
-
-
 def start(t) -> Task:
     """A live worker holds the task's current run (fresh heartbeat)."""
     task = row(t)
     assert store.claim(task.run_id, "worker-1"), "the claim should win"
     return row(t)
-
-
-def finish(t, status, text="", error="", graceful=False, run_id=CURRENT, **extra) -> Task:
-    """Hand a run's ending to the lifecycle, claiming the run first when nobody holds it."""
-    task = row(t)
-    if run_id is CURRENT:
-        run_id = task.run_id
-        if task.status == "pending" and task.run.status == "queued":
-            task = start(t)
-    outcome = RunOutcome(
-        run_id=run_id, status=status, text=text, error=error, graceful_stop=graceful, **extra
-    )
-    lifecycle.on_run_finished(task.conversation, outcome)
-    return row(t)
-
-
-def fail(t, reason) -> Task:
-    return finish(t, "failed", error=reason)
 
 
 def expire_lease(t) -> None:

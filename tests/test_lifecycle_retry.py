@@ -16,17 +16,17 @@ from django.utils import timezone
 from agenttasks import lifecycle, store
 from agenttasks.conf import app_settings
 from agenttasks.exceptions import LaunchFailed, NotRetryable, RetryLimit, TaskError, TaskLimit
-from agenttasks.models import Run, Task, Wakeup
+from agenttasks.models import Run, Wakeup
 from agenttasks.runtime.task_tools import task_tools
 from agenttasks.types import ActionRequest, RunOutcome, StopOutcome
 
 from .conftest import run_threads
+from .harness import fail, finish, row, runs_of, wakeups_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ORPHAN = "The server stopped while the task was running"
 APPROVAL = ActionRequest(kind="approval", tool_name="deploy", tool_call_id="call-9", args={})
-CURRENT = object()
 
 
 @pytest.fixture
@@ -46,43 +46,11 @@ class Harness:
     def start(self, t):
         return store.claim(row(t).run_id, "w1")
 
-    def finish(self, t, status, text="", error="", graceful=False, run_id=CURRENT, **kw):
-        task = row(t)
-        target = task.run_id if run_id is CURRENT or run_id is None else run_id
-        if target == task.run_id and task.run.status == "queued":
-            assert store.claim(target, "w1")
-        outcome = RunOutcome(
-            run_id=task.run_id if run_id is CURRENT else run_id,
-            status=status,
-            text=text,
-            error=error,
-            graceful_stop=graceful,
-            **kw,
-        )
-        lifecycle.on_run_finished(task.conversation, outcome)
-        return row(t)
-
-    def fail(self, t, reason):
-        return self.finish(t, "failed", error=reason)
+    finish = staticmethod(finish)
+    fail = staticmethod(fail)
 
     def tool(self, name):
         return next(tool for tool in task_tools(self.P, self.R) if tool.name == name)
-
-
-def task_id(t):
-    return getattr(t, "task_id", None) or getattr(t, "pk", None) or t
-
-
-def row(t) -> Task:
-    return Task.objects.select_related("run", "conversation").get(pk=task_id(t))
-
-
-def runs_of(t) -> list[Run]:
-    return list(Run.objects.filter(task_id=task_id(t)).order_by("created_at", "id"))
-
-
-def wakeups_of(t) -> list[Wakeup]:
-    return list(Wakeup.objects.filter(task_id=task_id(t)).order_by("created_at", "id"))
 
 
 def expire_lease(t) -> None:

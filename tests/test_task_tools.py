@@ -25,6 +25,7 @@ from agenttasks.runtime.task_tools import (
 from agenttasks.types import NewTask, RunOutcome
 
 from .factories import ConversationFactory
+from .harness import finish, row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,23 +48,9 @@ def tools(conversation, run=None) -> dict:
     return {tool.name: tool for tool in task_tools(conversation, run)}
 
 
-def row(task_id) -> Task:
-    return Task.objects.select_related("run", "conversation").get(pk=task_id)
-
-
 def spawn(parent, parent_run=None, **kw) -> str:
     kw.setdefault("label", "job")
     return lifecycle.spawn(parent, "worker", "do it", parent_run=parent_run, **kw).task_id
-
-
-def finish(task_id, status, text="", error=""):
-    task = row(task_id)
-    if task.run.status == "queued":
-        assert store.claim(task.run_id, "w1")
-    lifecycle.on_run_finished(
-        task.conversation_id, RunOutcome(task.run_id, status, text=text, error=error)
-    )
-    return row(task_id)
 
 
 def assert_tool_error(out, text):

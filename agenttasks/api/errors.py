@@ -15,6 +15,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from ..conf import app_settings
 from ..exceptions import ActiveTaskLimit
 
 logger = logging.getLogger("agenttasks.api")
@@ -129,8 +130,6 @@ def _translate(exc, context) -> ApiError | None:
         detail = getattr(exc, "detail", None) or (exc.args[0] if exc.args else "")
         return ApiError(403, "FORBIDDEN", str(detail) or "You do not have permission")
     if isinstance(exc, RequestDataTooBig):
-        from ..conf import app_settings
-
         return body_too_large(app_settings.MAX_REQUEST_BYTES)
     if isinstance(exc, (exceptions.NotFound, Http404)) and request is not None:
         return route_not_found(request)

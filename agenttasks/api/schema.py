@@ -25,9 +25,8 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from .. import __version__
+from .. import __version__, registry
 from ..conf import app_settings
-from ..runtime import registry
 from . import errors
 from .permissions import user_of
 from .serializers import AgentSerializer
@@ -100,7 +99,7 @@ class Generator(SchemaGenerator):
 
     def __init__(self, *args, **kwargs):
         if kwargs.get("patterns") is None and kwargs.get("urlconf") is None:
-            from .urls import schema_patterns
+            from .urls import schema_patterns  # lazily: urls.py imports this module
 
             kwargs["patterns"] = schema_patterns
         super().__init__(*args, **kwargs)

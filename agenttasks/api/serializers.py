@@ -13,6 +13,7 @@ from rest_framework import serializers
 from .. import callbacks, files, lifecycle
 from ..conf import app_settings
 from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult
+from ..runtime import delegation
 from ..states import RUN_ACTIVE, RUN_ENDED, TERMINAL, RunTrigger, StopRequest, TaskStatus
 from ..text import iso
 from . import errors
@@ -585,8 +586,6 @@ def pending_actions(conversation_id: str, *, run_id: str | None = None) -> list[
     Escalated actions (asked in a delegate descendant's conversation) carry `conversationId`
     and `path` (docs/delegation.md#escalation).
     """
-    from ..runtime import delegation
-
     out = []
     for action, path in delegation.pending_actions(conversation_id):
         if action.conversation_id != conversation_id:

@@ -16,6 +16,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.db.models import Prefetch
 from django.http import FileResponse
+from django.utils import timezone
 from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -27,7 +28,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from .. import callbacks, files, lifecycle, store
+from .. import callbacks, files, lifecycle, registry, store
 from ..conf import app_settings
 from ..exceptions import (
     ActionPending,
@@ -43,8 +44,9 @@ from ..exceptions import (
     TaskNotFound,
 )
 from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task
-from ..runtime import registry
+from ..runtime import delegation
 from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, RunStatus, TaskKind, TaskStatus
+from ..text import iso
 from . import body, errors, slots, streams
 from . import serializers as s
 from .pagination import SQL_MAX, non_negative, page, page_body, page_params
@@ -1003,8 +1005,6 @@ class ActionView(ApiView):
         conversation = self.conversation(conversationId)
         action = PendingAction.objects.filter(pk=actionId).first() if _plain(actionId) else None
         if action is not None and action.conversation_id != conversation.id:
-            from ..runtime import delegation
-
             # An escalated action is answerable through any conversation on its path.
             if conversation.id not in delegation.path_of(action.conversation_id):
                 action = None
@@ -1039,10 +1039,6 @@ def stale(action: PendingAction) -> errors.ApiError:
 
 def refuse_answer(action: PendingAction) -> None:
     """409 action_resolved: already answered, no longer current, or expired (timeout applied)."""
-    from django.utils import timezone
-
-    from ..text import iso
-
     if action.status != ActionStatus.PENDING:
         raise errors.conflict(
             "action_resolved",

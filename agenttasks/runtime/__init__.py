@@ -1,1 +1,1 @@
-"""Agent runtimes: the registry, callable handlers, the chat loop and the model-facing tools."""
+"""Agent runtimes: the run driver, callable handlers, the chat loop and its tools."""

@@ -7,8 +7,9 @@ answer settles the call with the texts below.
 
 import json
 
+from ..tools import ToolResult, tool
 from ..types import ActionRequest
-from .base import ToolResult, normalize_questions, tool
+from .base import normalize_questions
 
 ASK_USER_DESCRIPTION = (
     "Ask the person a question and wait for the answer. Use it only when you cannot continue "

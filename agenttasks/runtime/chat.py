@@ -3,50 +3,29 @@
 docs/delegation.md#the-chat-runtime is the contract. A run reads its transcript from the conversation's
 event log, calls the model, appends what the model said and what its tools returned, and ends
 completed, failed, paused or cancelled. No transaction or row lock is held while the model thinks
-or a tool runs; every event is appended in its own short transaction.
+or a tool runs; every event is appended in its own short transaction. The model server's client
+is model_client.py.
 """
 
-import json
 import logging
-import socket
-import threading
-import time
 from dataclasses import dataclass, field
 
-import httpcore
-import httpx
-
-from .. import __version__, store
-from ..conf import app_settings
+from .. import store
 from ..models import Event, PendingAction, Run
+from ..registry import ASK_USER_PATH
 from ..states import TaskKind
+from ..tools import InvalidArguments, ToolResult, ToolSpec, check_arguments, decode_arguments
 from ..types import ActionRequest, RunOutcome
 from . import approvals, delegation
 from . import task_tools as background
-from .base import BudgetExceeded, RunContext, RunStopped, ToolContext, ToolResult
-from .registry import ASK_USER_PATH
+from .base import RunContext, RunStopped
+from .budget import BudgetExceeded
+from .model_client import POLL, ModelClient, ModelError, Response
 
 logger = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 INTERRUPTED = "Tool call interrupted: the run ended before it returned a result"
-NO_SERVER = (
-    'No model server configured: set AGENTTASKS["MODEL_BASE_URL"] or the '
-    "AGENTTASKS_MODEL_BASE_URL environment variable"
-)
-NO_MODEL = (
-    'No model configured for agent "{id}": set AGENTTASKS["DEFAULT_MODEL"] or the agent\'s model'
-)
-PRIMITIVES = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-}
 TRANSCRIPT_TYPES = ("message.user", "message.assistant", "tool.result", "task.notification")
-POLL = 0.05  # how often a waiting run looks at its stop flags
 
 
 def execute(ctx: RunContext) -> RunOutcome:
@@ -57,73 +36,25 @@ def execute(ctx: RunContext) -> RunOutcome:
 # --- the toolset (docs/delegation.md#the-toolset) ---------------------------------------------
 
 
-@dataclass
-class Tool:
-    """One tool of a run's toolset, as the model sees it and as the runtime calls it."""
-
-    name: str
-    kind: str  # "own", "ask_user", "background" or "task"
-    parameters: dict
-    schema: dict
-    spec: object = None  # ToolSpec of an own tool
-    model_tool: object = None  # ModelTool of a background-task tool
-
-
-def _function(name: str, description: str, parameters: dict) -> dict:
-    return {
-        "type": "function",
-        "function": {"name": name, "description": description, "parameters": parameters},
-    }
-
-
-def toolset(ctx: RunContext) -> dict[str, Tool]:
+def toolset(ctx: RunContext) -> dict[str, ToolSpec]:
     """Build a run's tools in wire order: own tools, background-task tools, then `task`."""
-    tools: dict[str, Tool] = {}
-    for spec in ctx.agent.tools:
-        kind = "ask_user" if spec.path == ASK_USER_PATH else "own"
-        schema = _function(spec.name, spec.description, spec.parameters)
-        tools[spec.name] = Tool(spec.name, kind, spec.parameters, schema, spec=spec)
+    tools = {spec.name: spec for spec in ctx.agent.tools}
     # A task's own run never gets the four tools (delegates never; others per MAX_DEPTH).
     is_delegate = ctx.task is not None and ctx.task.kind == TaskKind.DELEGATE
     if not is_delegate and background.attachable(ctx.conversation):
-        for model_tool in background.task_tools(ctx.conversation, ctx.run, stop_check=ctx.stop_now):
-            tools[model_tool.name] = Tool(
-                model_tool.name,
-                "background",
-                model_tool.parameters,
-                model_tool.schema(),
-                model_tool=model_tool,
-            )
+        for spec in background.task_tools(ctx.conversation, ctx.run, stop_check=ctx.stop_now):
+            tools[spec.name] = spec
     if ctx.agent.team:
-        schema = _function("task", delegation.description(ctx.agent.team), delegation.PARAMETERS)
-        tools["task"] = Tool("task", "task", delegation.PARAMETERS, schema)
+        tools["task"] = delegation.task_spec(ctx.agent.team)
     return tools
 
 
-def parse_arguments(name: str, raw, parameters: dict) -> tuple[dict | None, str]:
-    """Parse and check a call's arguments (docs/delegation.md#executing-a-responses-calls): (args, "") or (None, the error text)."""
-    prefix = f"invalid arguments for {name}: "
-    if isinstance(raw, str):
-        if not raw.strip():
-            value = {}
-        else:
-            try:
-                value = json.loads(raw)
-            except ValueError:
-                return None, prefix + "arguments are not valid JSON"
-    else:
-        value = raw
-    if not isinstance(value, dict):
-        return None, prefix + "arguments must be a JSON object"
-    properties = parameters.get("properties") or {}
-    for prop in parameters.get("required") or ():
-        if prop not in value:
-            return None, prefix + f'missing required property "{prop}"'
-    for prop, schema in properties.items():
-        expected = schema.get("type") if isinstance(schema, dict) else None
-        if prop in value and expected in PRIMITIVES and not PRIMITIVES[expected](value[prop]):
-            return None, prefix + f'property "{prop}" must be of type {expected}'
-    return value, ""
+def checked_arguments(name: str, raw, parameters: dict) -> tuple[dict | None, str]:
+    """Decode and check a call's arguments (docs/delegation.md#executing-a-responses-calls): (args, "") or (None, the error text)."""
+    try:
+        return check_arguments(decode_arguments(raw), parameters), ""
+    except InvalidArguments as exc:
+        return None, exc.chat_text(name)
 
 
 # --- the transcript (docs/delegation.md#the-transcript) ---------------------------------------
@@ -186,236 +117,7 @@ def transcript(conversation_id: str, system_prompt: str) -> tuple[list[dict], li
     return messages, outstanding
 
 
-# --- the wire (docs/delegation.md#the-wire-format) --------------------------------------------
-
-
-class ModelError(Exception):
-    """A model-server failure; its message is the run's error (docs/delegation.md#model-server-errors)."""
-
-    def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None):
-        super().__init__(message)
-        self.retryable = retryable
-        self.retry_after = retry_after
-
-
-@dataclass
-class Response:
-    content: str | None
-    calls: list[dict]
-    usage: dict = field(default_factory=dict)
-
-
-def request_body(model: str, messages: list, tools: list, params: dict) -> bytes:
-    """The request body: model, messages, tools and tool_choice (only with tools), then params."""
-    body = {"model": model, "messages": messages}
-    if tools:
-        body["tools"] = tools
-        body["tool_choice"] = "auto"
-    body.update(params)
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def _detail(response: httpx.Response) -> str:
-    text = response.text
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    detail = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            detail = error["message"]
-        elif isinstance(error, str):
-            detail = error
-    if detail is None:
-        detail = text.strip()
-    return detail[:500] + "…" if len(detail) > 500 else detail
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return min(float(response.headers.get("Retry-After", "")), 30.0)
-    except ValueError:
-        return None
-
-
-def parse_response(response: httpx.Response) -> Response:
-    """Read choices[0].message and usage from a response, or raise the ModelError of docs/delegation.md#model-server-errors."""
-    if not 200 <= response.status_code < 300:
-        detail = _detail(response)
-        head = f"Model server returned HTTP {response.status_code}"
-        raise ModelError(
-            f"{head}: {detail}" if detail else head,
-            retryable=response.status_code in RETRY_STATUSES,
-            retry_after=_retry_after(response),
-        )
-    try:
-        data = json.loads(response.content)
-    except ValueError:
-        raise ModelError(
-            f"Model server returned malformed JSON: {response.text[:200].strip()}"
-        ) from None
-    choices = data.get("choices") if isinstance(data, dict) else None
-    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
-    if not isinstance(message, dict):
-        raise ModelError("Model server response has no choices[0].message")
-    return Response(_content(message.get("content")), _calls(message), _usage(data.get("usage")))
-
-
-def _content(content) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return json.dumps(content, ensure_ascii=False)
-
-
-def _calls(message: dict) -> list[dict]:
-    raw = message.get("tool_calls")
-    if not raw:
-        return []
-    if not isinstance(raw, list):
-        raise ModelError("Model server response has a malformed tool call at index 0")
-    calls, seen = [], set()
-    for index, call in enumerate(raw):
-        function = call.get("function") if isinstance(call, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        call_id = call.get("id") if isinstance(call, dict) else None
-        arguments = function.get("arguments", "") if isinstance(function, dict) else None
-        if arguments is None:
-            arguments = ""
-        if isinstance(arguments, dict):
-            arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-        if (
-            not isinstance(call_id, str)
-            or not call_id
-            or call_id in seen
-            or call.get("type", "function") != "function"
-            or not isinstance(name, str)
-            or not name
-            or not isinstance(arguments, str)
-        ):
-            raise ModelError(f"Model server response has a malformed tool call at index {index}")
-        seen.add(call_id)
-        calls.append(
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-        )
-    return calls
-
-
-def _usage(usage) -> dict:
-    usage = usage if isinstance(usage, dict) else {}
-
-    def number(key):
-        value = usage.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    prompt, completion = number("prompt_tokens"), number("completion_tokens")
-    total = number("total_tokens") if "total_tokens" in usage else prompt + completion
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
-
-
-class _TrackingBackend(httpcore.NetworkBackend):
-    """Remember the sockets a request opens, so that an immediate stop can shut them down."""
-
-    def __init__(self, inner, sockets: list):
-        self.inner = inner
-        self.sockets = sockets
-
-    def _track(self, stream):
-        sock = stream.get_extra_info("socket")
-        if sock is not None:
-            self.sockets.append(sock)
-        return stream
-
-    def connect_tcp(self, *args, **kwargs):
-        return self._track(self.inner.connect_tcp(*args, **kwargs))
-
-    def connect_unix_socket(self, *args, **kwargs):
-        return self._track(self.inner.connect_unix_socket(*args, **kwargs))
-
-    def sleep(self, seconds: float) -> None:
-        self.inner.sleep(seconds)
-
-
-class _Exchange(threading.Thread):
-    """One HTTP request in a thread of its own, which the run can abandon and disconnect."""
-
-    def __init__(self, url: str, headers: dict, body: bytes, timeout: float):
-        super().__init__(name="agenttasks-model", daemon=True)
-        self.sockets: list = []
-        transport = httpx.HTTPTransport()
-        pool = getattr(transport, "_pool", None)
-        # httpx has no public hook for the sockets; without it an abort only abandons the thread.
-        if pool is not None and hasattr(pool, "_network_backend"):
-            pool._network_backend = _TrackingBackend(pool._network_backend, self.sockets)
-        self.client = httpx.Client(transport=transport, timeout=httpx.Timeout(timeout))
-        self.request = (url, headers, body)
-        self.response: httpx.Response | None = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        url, headers, body = self.request
-        try:
-            self.response = self.client.post(url, content=body, headers=headers)
-        except BaseException as exc:  # noqa: BLE001 (handed to the run's thread)
-            self.error = exc
-        finally:
-            self.client.close()
-            self.done.set()
-
-    def abort(self) -> None:
-        """Disconnect from the server: the request thread ends with an error, unread."""
-        for sock in list(self.sockets):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.client.close()
-
-
-@dataclass
-class Config:
-    url: str
-    headers: dict
-    model: str
-    timeout: float
-    retries: int
-
-
-def config(agent) -> Config:
-    """Resolve the server, key, model and limits for one run (settings, then environment)."""
-    base_url = app_settings.MODEL_BASE_URL
-    if not base_url:
-        raise ModelError(NO_SERVER)
-    model = agent.model if agent.model not in ("", "inherit") else app_settings.DEFAULT_MODEL
-    if not model:
-        raise ModelError(NO_MODEL.format(id=agent.id))
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json",
-        "User-Agent": f"agenttasks/{__version__}",
-    }
-    key = app_settings.MODEL_API_KEY
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    headers.update(app_settings.MODEL_HEADERS or {})
-    return Config(
-        url=str(base_url).rstrip("/") + "/chat/completions",
-        headers=headers,
-        model=model,
-        timeout=float(app_settings.MODEL_TIMEOUT),
-        retries=int(app_settings.MODEL_RETRIES),
-    )
-
-
-# --- one response's calls (docs/delegation.md#executing-a-responses-calls) -------------------
+# --- one response's calls -------------------------------------------------------------
 
 
 @dataclass
@@ -472,7 +174,7 @@ class ChatRun:
         )
 
     def _loop(self) -> RunOutcome:
-        self.config = config(self.agent)
+        self.client = ModelClient(self.ctx, self.budget)
         self.tools = toolset(self.ctx)
         _, outstanding = transcript(self.ctx.conversation_id, self.agent.system_prompt)
         if outstanding:
@@ -488,7 +190,11 @@ class ChatRun:
                 raise BudgetExceeded(message)
             messages, _ = transcript(self.ctx.conversation_id, self.agent.system_prompt)
             self.budget.spend(turns=1)
-            response = self._call_model(messages)
+            response = self.client.complete(
+                messages,
+                [spec.schema() for spec in self.tools.values()],
+                self.agent.model_params or {},
+            )
             usage = response.usage
             self.budget.spend(
                 prompt=usage["prompt_tokens"],
@@ -514,59 +220,6 @@ class ChatRun:
         if self.ctx.stop_now():
             raise RunStopped()
 
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self._check_stop()
-            message = self.budget.wall_reached()
-            if message:
-                raise BudgetExceeded(message)
-            time.sleep(min(POLL, max(deadline - time.monotonic(), 0)))
-
-    # the model ----------------------------------------------------------------------------
-    def _call_model(self, messages: list) -> Response:
-        tools = [tool.schema for tool in self.tools.values()]
-        body = request_body(self.config.model, messages, tools, self.agent.model_params or {})
-        attempt = 0
-        while True:
-            try:
-                return self._send(body)
-            except ModelError as exc:
-                if not exc.retryable or attempt >= self.config.retries:
-                    raise
-                attempt += 1
-                delay = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
-                logger.info("chat.retry run=%s attempt=%d error=%s", self.run.id, attempt, exc)
-                self._sleep(delay)
-
-    def _send(self, body: bytes) -> Response:
-        timeout, cut = self.config.timeout, ""
-        left, budget_text = self.budget.wall_deadline()
-        if left is not None and left < timeout:
-            timeout, cut = left, budget_text
-        if timeout <= 0:
-            raise BudgetExceeded(cut)
-        exchange = _Exchange(self.config.url, self.config.headers, body, timeout)
-        deadline = time.monotonic() + timeout
-        exchange.start()
-        while not exchange.done.wait(POLL):
-            if self.ctx.stop_now():
-                exchange.abort()
-                raise RunStopped()
-            if time.monotonic() >= deadline:
-                exchange.abort()
-                self._timed_out(cut)
-        if isinstance(exchange.error, httpx.TimeoutException):
-            self._timed_out(cut)
-        if exchange.error is not None:
-            raise ModelError(f"Model server unreachable: {exchange.error}", retryable=True)
-        return parse_response(exchange.response)
-
-    def _timed_out(self, cut: str):
-        if cut:  # the deadline came from a wall budget
-            raise BudgetExceeded(cut)
-        raise ModelError(f"Model server timed out after {format(self.config.timeout, 'g')}s")
-
     # the log ------------------------------------------------------------------------------
     def _append(self, events: list[tuple[str, dict, str]]) -> None:
         task_id = self.ctx.task_id or ""
@@ -581,7 +234,7 @@ class ChatRun:
             "role": "assistant",
             "content": response.content,
             "toolCalls": response.calls,
-            "model": self.config.model,
+            "model": self.client.config.model,
             # camelCase as the chat spec names it, plus the REST Usage names of the same values.
             "usage": {
                 "promptTokens": usage["prompt_tokens"],
@@ -593,7 +246,7 @@ class ChatRun:
         }
         events = [("message.assistant", data, "")]
         for call in response.calls:
-            args, _ = parse_arguments(call["function"]["name"], call["function"]["arguments"], {})
+            args, _ = checked_arguments(call["function"]["name"], call["function"]["arguments"], {})
             events.append(
                 (
                     "tool.call",
@@ -617,9 +270,9 @@ class ChatRun:
                     "toolCallId": call_id,
                     "toolName": name,
                     "name": name,
-                    "content": result.output,
+                    "content": result.text,
                     "isError": result.is_error,
-                    "metadata": result.metadata,
+                    "metadata": result.details,
                 }
                 events.append(("tool.result", data, ""))
             elif call_id in batch.escalated:
@@ -628,9 +281,9 @@ class ChatRun:
                     "taskId": escalation.task_id,
                     "toolCallId": call_id,
                     "runId": self.run.id,
-                    "output": escalation.result.output,
+                    "output": escalation.result.text,
                     "isError": True,
-                    "metadata": escalation.result.metadata,
+                    "metadata": escalation.result.details,
                 }
                 events.append(("task.escalated", data, escalation.task_id))
         if events:
@@ -674,14 +327,14 @@ class ChatRun:
             if tool is None:
                 batch.results[call_id] = ToolResult(f"Unknown tool: {name}", is_error=True)
                 continue
-            args, problem = parse_arguments(name, call["function"]["arguments"], tool.parameters)
+            args, problem = checked_arguments(name, call["function"]["arguments"], tool.parameters)
             if problem:
                 batch.results[call_id] = ToolResult(problem, is_error=True)
                 continue
-            if tool.kind == "task":
+            if name == "task":
                 key = delegation.delegation_key(str(args["agent"]), str(args["prompt"]))
                 groups.setdefault(key, []).append((call_id, args))
-            elif tool.kind == "ask_user":
+            elif tool.path == ASK_USER_PATH:
                 if not args["question"].strip():
                     batch.results[call_id] = ToolResult(approvals.EMPTY_QUESTION, is_error=True)
                 elif replay:
@@ -689,16 +342,14 @@ class ChatRun:
                 else:
                     request = approvals.question_request(call_id, args, self.ctx._deadline())
                     self._ask(batch, call_id, request)
-            elif tool.kind == "own" and tool.spec.needs_approval:
+            elif tool.needs_approval:
                 if replay:
                     action = recorded.get(call_id)
                     thunk = self._settle_approval(batch, call_id, tool, action)
                     if thunk is not None:
                         ordinary.append((call_id, thunk))
                 else:
-                    request = approvals.approval_request(
-                        tool.spec, call_id, args, self.ctx._deadline()
-                    )
+                    request = approvals.approval_request(tool, call_id, args, self.ctx._deadline())
                     self._ask(batch, call_id, request)
             elif replay:
                 # Re-running a side-effecting tool after an interruption is never automatic.
@@ -752,7 +403,7 @@ class ChatRun:
         else:
             batch.results[call_id] = approvals.answer(action)
 
-    def _settle_approval(self, batch: Batch, call_id: str, tool: Tool, action):
+    def _settle_approval(self, batch: Batch, call_id: str, tool: ToolSpec, action):
         if action is None or action.status == "cancelled":
             batch.results[call_id] = ToolResult(INTERRUPTED, is_error=True)
             return None
@@ -763,16 +414,17 @@ class ChatRun:
         if refused is not None:
             batch.results[call_id] = refused
             return None
-        return self._thunk(tool, call_id, approvals.approved_args(action))
+        # The person's answer may carry replacement arguments: they run as given.
+        return self._thunk(tool, call_id, approvals.approved_args(action), checked=True)
 
-    def _thunk(self, tool: Tool, call_id: str, args: dict):
-        if tool.kind == "background":
-            return lambda: self._background(tool, call_id, args)
-        return lambda: self._own(tool, call_id, args)
+    def _thunk(self, tool: ToolSpec, call_id: str, args: dict, *, checked: bool = False):
+        return lambda: self._call(tool, call_id, args, checked)
 
-    def _own(self, tool: Tool, call_id: str, args: dict) -> ToolResult:
+    def _call(self, tool: ToolSpec, call_id: str, args: dict, checked: bool) -> ToolResult:
         try:
-            value = tool.spec.func(ToolContext(self.ctx, call_id), args)
+            if checked:
+                return tool.run(args, call_id, ctx=self.ctx)
+            return tool.call(args, call_id, ctx=self.ctx)
         except (RunStopped, BudgetExceeded):
             raise
         except Exception as exc:
@@ -780,20 +432,3 @@ class ChatRun:
             return ToolResult(
                 f"tool {tool.name} failed: {type(exc).__name__}: {exc}", is_error=True
             )
-        if isinstance(value, ToolResult):
-            return value
-        if value is None:
-            return ToolResult("")
-        if isinstance(value, str):
-            return ToolResult(value)
-        return ToolResult(json.dumps(value, ensure_ascii=False, default=str))
-
-    def _background(self, tool: Tool, call_id: str, args: dict) -> ToolResult:
-        try:
-            out = tool.model_tool.call(args, call_id)
-        except Exception as exc:
-            logger.exception("chat.tool_failed run=%s tool=%s", self.run.id, tool.name)
-            return ToolResult(
-                f"tool {tool.name} failed: {type(exc).__name__}: {exc}", is_error=True
-            )
-        return ToolResult(out.text, is_error=out.is_error, metadata=out.details)

@@ -14,18 +14,18 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
 
-from .. import store
+from .. import lifecycle, registry, store
 from ..conf import app_settings
 from ..exceptions import TaskError
 from ..models import PendingAction, Run, Task
-from ..states import LIVE, TERMINAL, RunStatus, TaskKind, TaskStatus
+from ..states import LIVE, TERMINAL, RunStatus, TaskStatus
+from ..tools import ToolResult, ToolSpec
 from ..types import NewTask
-from . import registry
-from .base import BUDGET_PATTERN, CallerLink, RunStopped, ToolResult, Window
+from .base import RunStopped
+from .budget import BUDGET_PATTERN, CallerLink
+from .chain import DELEGATE, path_of
 
 logger = logging.getLogger(__name__)
-
-DELEGATE = TaskKind.DELEGATE
 
 
 def delegation_key(agent: str, prompt: str) -> str:
@@ -76,58 +76,20 @@ def description(team) -> str:
     return DESCRIPTION_HEAD + "; ".join(entries)
 
 
+def _run_by_dispatcher(ctx, args):
+    raise RuntimeError("the task tool is run by the chat runtime's delegation dispatcher")
+
+
+def task_spec(team) -> ToolSpec:
+    """The `task` tool of an agent with this team."""
+    return ToolSpec("task", description(team), PARAMETERS, _run_by_dispatcher)
+
+
 def _refused(text: str) -> CallResult:
     return CallResult(ToolResult(text, is_error=True))
 
 
-# --- chains, depth and paths -----------------------------------------------------------------
-
-
-def _caller_conversation(conversation_id: str) -> str | None:
-    """The caller conversation of a delegate task's conversation (None at the top)."""
-    return (
-        Task.objects.filter(conversation_id=conversation_id, kind=DELEGATE)
-        .values_list("parent_conversation_id", flat=True)
-        .first()
-    )
-
-
-def path_of(conversation_id: str) -> list[str]:
-    """The conversations from the top of the delegation chain down to this one."""
-    path = [conversation_id]
-    while True:
-        parent = _caller_conversation(path[-1])
-        if not parent or parent in path:
-            return path[::-1]
-        path.append(parent)
-
-
-def depth_of(conversation_id: str) -> int:
-    """The delegation depth of a run on this conversation (1 unless it is a delegate's)."""
-    return len(path_of(conversation_id))
-
-
-def detached_callers(ctx) -> list[CallerLink]:
-    """The windows of a delegate's paused callers, from their recorded totals (nearest first).
-
-    A child resumed by a worker while its callers are paused gets their remaining budget as its
-    allowance; its spend reaches them when their replayed calls absorb it.
-    """
-    if ctx.task is None or ctx.task.kind != DELEGATE:
-        return []
-    links = []
-    caller = ctx.task.parent_conversation_id
-    while caller and len(links) < int(app_settings.DELEGATION_MAX_DEPTH) + 1:
-        run = Run.objects.filter(conversation_id=caller).order_by("-created_at", "-id").first()
-        if run is None:
-            break
-        try:
-            agent = registry.get(run.agent)
-        except registry.UnknownAgent:
-            agent = registry.AgentDef(id=run.agent)
-        links.append(CallerLink(Window.for_run(run, agent)))
-        caller = _caller_conversation(caller)
-    return links
+# --- chains and children --------------------------------------------------------------------
 
 
 def pending_actions(conversation_id: str) -> list[tuple[PendingAction, list[str]]]:
@@ -141,8 +103,6 @@ def pending_actions(conversation_id: str) -> list[tuple[PendingAction, list[str]
 
 def stop_children(task_ids) -> None:
     """Stop delegate children through the lifecycle (their caller is stopping)."""
-    from .. import lifecycle
-
     for task_id in task_ids:
         try:
             lifecycle.stop(task_id)
@@ -304,15 +264,13 @@ def _follow(ctx, budget, task_id: str) -> CallResult:
 
 def _execute_inline(ctx, child: Task, links: list[CallerLink]) -> bool:
     """Claim the child's queued run and execute it in this thread; False if another claimed it."""
-    from .. import worker
-
     done = threading.Event()
     with _inline_lock:
         if child.id in _inline:
             return False
         _inline[child.id] = done
     try:
-        ran = worker.execute_inline(child.run_id, depth=ctx.depth + 1, callers=links)
+        ran = ctx.execute_inline(child.run_id, depth=ctx.depth + 1, callers=links)
         if ran and _runtime_of(child.agent) == "callable":
             Run.objects.filter(pk=child.run_id, turns=0).update(turns=1)  # handle() is one turn
         return ran

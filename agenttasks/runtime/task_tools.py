@@ -1,19 +1,18 @@
 """The four model tools: spawn_task, task_status, task_retry and task_stop.
 
-Usable by any agent loop: `task_tools(conversation, run)` returns objects with `name`,
+Usable by any agent loop: `task_tools(conversation, run)` returns ToolSpecs with `name`,
 `description`, `parameters` (an OpenAI function schema, strict), `schema()` and
-`call(arguments, tool_call_id) -> ToolOutput`. The conversation and the spawning run are bound
+`call(arguments, tool_call_id) -> ToolResult`. The conversation and the spawning run are bound
 here, never taken from the model; a task id from another conversation reads as nonexistent.
 """
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .. import lifecycle
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import Task
+from ..tools import ToolResult, ToolSpec
 from ..types import TaskInfo
 
 logger = logging.getLogger(__name__)
@@ -91,30 +90,10 @@ STOP_PARAMETERS = _schema(
     }
 )
 
-_JSON_TYPES = {"string": str, "integer": int, "boolean": bool}
 
-
-@dataclass
-class ToolOutput:
-    """What a model tool returns: text for the model, plus a display hint and details for a UI."""
-
-    text: str
-    display: str | None = None
-    details: dict | None = None
-    is_error: bool = False
-
-    @property
-    def output(self) -> str:
-        return self.text
-
-    @property
-    def metadata(self) -> dict | None:
-        return self.details
-
-
-def tool_error(exc_or_text) -> ToolOutput:
+def tool_error(exc_or_text) -> ToolResult:
     """A tool error: the exception's text verbatim, nothing else."""
-    return ToolOutput(text=str(exc_or_text), is_error=True)
+    return ToolResult(str(exc_or_text), is_error=True)
 
 
 def describe(info: TaskInfo, progress: str | None = None) -> str:
@@ -137,10 +116,10 @@ def describe(info: TaskInfo, progress: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def tool_result(info: TaskInfo, progress: str | None = None) -> ToolOutput:
+def tool_result(info: TaskInfo, progress: str | None = None) -> ToolResult:
     """The status card of a task."""
-    return ToolOutput(
-        text=describe(info, progress),
+    return ToolResult(
+        describe(info, progress),
         display="task",
         details={
             "task_id": info.task_id,
@@ -177,34 +156,13 @@ def listing(infos: list[TaskInfo]) -> str:
     return "".join(parts)
 
 
-@dataclass
-class ModelTool:
-    """One of the four tools, bound to a conversation and the run that calls it."""
+class _Session:
+    """The conversation and the run the four tools are bound to, and the tools' bodies."""
 
-    name: str
-    description: str
-    parameters: dict
-    handler: Callable[["ModelTool", dict, str], ToolOutput]
-    conversation_id: str | None = None
-    run: object = None
-    stop_check: Callable[[], bool] | None = field(default=None, repr=False)
-
-    def schema(self) -> dict:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-                "strict": True,
-            },
-        }
-
-    def call(self, arguments: dict, tool_call_id: str = "") -> ToolOutput:
-        problem = _invalid(self.parameters, arguments)
-        if problem:
-            return tool_error(f"{self.name}: invalid arguments: {problem}")
-        return self.handler(self, arguments, tool_call_id)
+    def __init__(self, conversation_id: str | None, run=None, stop_check=None):
+        self.conversation_id = conversation_id
+        self.run = run
+        self.stop_check = stop_check
 
     def owned(self, task_id: str) -> Task:
         """Return the task when the bound conversation spawned it; otherwise it does not exist."""
@@ -219,112 +177,87 @@ class ModelTool:
             raise TaskNotFound()
         return task
 
-
-def _invalid(parameters: dict, arguments) -> str:
-    if not isinstance(arguments, dict):
-        return "arguments must be a JSON object"
-    properties = parameters["properties"]
-    extra = sorted(set(arguments) - set(properties))
-    if extra:
-        return f"unknown property {extra[0]!r}"
-    for name, spec in properties.items():
-        if name not in arguments:
-            return f"property {name!r} is required"
-        expected = _JSON_TYPES[spec["type"]]
-        value = arguments[name]
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            article = "an" if spec["type"][0] in "aeiou" else "a"
-            return f"property {name!r} must be {article} {spec['type']}"
-    return ""
-
-
-def _spawn(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
-    if not tool.conversation_id:
-        return tool_error("spawn_task: no session in the run context")
-    try:
-        info = lifecycle.spawn(
-            tool.conversation_id,
-            args["agent_name"],
-            args["input"],
-            label=args["label"],
-            tool_call_id=tool_call_id,
-            parent_run=tool.run,
-        )
-    except Exception as exc:
-        return tool_error(exc)
-    lifecycle.model_has_result(info)
-    return tool_result(info)
-
-
-def _status(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
-    if not args["task_id"]:
-        if not tool.conversation_id:
-            return tool_error("task_status: no session in the run context")
-        return ToolOutput(text=listing(lifecycle.list_tasks(tool.conversation_id)))
-    try:
-        task = tool.owned(args["task_id"])
-        info = lifecycle.status(
-            task.id, wait=max(args["wait_seconds"], 0), stop_check=tool.stop_check
-        )
-    except Exception as exc:
-        return tool_error(exc)
-    lifecycle.model_has_result(info)
-    return tool_result(info)
-
-
-def _retry(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
-    try:
-        task = tool.owned(args["task_id"])
-        info = lifecycle.retry(task.id)
-    except Exception as exc:
-        refused = getattr(exc, "info", None)
-        if refused is None:
+    def spawn(self, ctx, args: dict) -> ToolResult:
+        if not self.conversation_id:
+            return tool_error("spawn_task: no session in the run context")
+        try:
+            info = lifecycle.spawn(
+                self.conversation_id,
+                args["agent_name"],
+                args["input"],
+                label=args["label"],
+                tool_call_id=ctx.tool_call_id,
+                parent_run=self.run,
+            )
+        except Exception as exc:
             return tool_error(exc)
-        lifecycle.model_has_result(refused)
-        card = tool_result(refused)
-        card.text = f"{exc}\n{describe(refused)}"
-        card.is_error = True
-        return card
-    lifecycle.model_has_result(info)
-    return tool_result(info)
+        lifecycle.model_has_result(info)
+        return tool_result(info)
+
+    def status(self, ctx, args: dict) -> ToolResult:
+        if not args["task_id"]:
+            if not self.conversation_id:
+                return tool_error("task_status: no session in the run context")
+            return ToolResult(listing(lifecycle.list_tasks(self.conversation_id)))
+        try:
+            task = self.owned(args["task_id"])
+            info = lifecycle.status(
+                task.id, wait=max(args["wait_seconds"], 0), stop_check=self.stop_check
+            )
+        except Exception as exc:
+            return tool_error(exc)
+        lifecycle.model_has_result(info)
+        return tool_result(info)
+
+    def retry(self, ctx, args: dict) -> ToolResult:
+        try:
+            task = self.owned(args["task_id"])
+            info = lifecycle.retry(task.id)
+        except Exception as exc:
+            refused = getattr(exc, "info", None)
+            if refused is None:
+                return tool_error(exc)
+            lifecycle.model_has_result(refused)
+            card = tool_result(refused)
+            card.text = f"{exc}\n{describe(refused)}"
+            card.is_error = True
+            return card
+        lifecycle.model_has_result(info)
+        return tool_result(info)
+
+    def stop(self, ctx, args: dict) -> ToolResult:
+        try:
+            task = self.owned(args["task_id"])
+            info = lifecycle.stop(task.id, graceful=args["graceful"])
+        except AlreadyFinal as exc:
+            card = tool_result(exc.info)
+            card.is_error = True  # news, not a failure to retry
+            return card
+        except Exception as exc:
+            return tool_error(exc)
+        return tool_result(info)
 
 
-def _stop(tool: ModelTool, args: dict, tool_call_id: str) -> ToolOutput:
-    try:
-        task = tool.owned(args["task_id"])
-        info = lifecycle.stop(task.id, graceful=args["graceful"])
-    except AlreadyFinal as exc:
-        card = tool_result(exc.info)
-        card.is_error = True  # news, not a failure to retry
-        return card
-    except Exception as exc:
-        return tool_error(exc)
-    return tool_result(info)
-
-
-_TOOLS = (
-    ("spawn_task", SPAWN_DESCRIPTION, SPAWN_PARAMETERS, _spawn),
-    ("task_status", STATUS_DESCRIPTION, STATUS_PARAMETERS, _status),
-    ("task_retry", RETRY_DESCRIPTION, RETRY_PARAMETERS, _retry),
-    ("task_stop", STOP_DESCRIPTION, STOP_PARAMETERS, _stop),
-)
-
-
-def task_tools(conversation, run=None, *, stop_check=None) -> list[ModelTool]:
+def task_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:
     """Return spawn_task, task_status, task_retry and task_stop bound to a conversation and run."""
-    conversation_id = getattr(conversation, "pk", conversation)
+    session = _Session(getattr(conversation, "pk", conversation), run, stop_check)
     return [
-        ModelTool(name, description, parameters, handler, conversation_id, run, stop_check)
-        for name, description, parameters, handler in _TOOLS
+        ToolSpec(name, description, parameters, body, strict=True)
+        for name, description, parameters, body in (
+            ("spawn_task", SPAWN_DESCRIPTION, SPAWN_PARAMETERS, session.spawn),
+            ("task_status", STATUS_DESCRIPTION, STATUS_PARAMETERS, session.status),
+            ("task_retry", RETRY_DESCRIPTION, RETRY_PARAMETERS, session.retry),
+            ("task_stop", STOP_DESCRIPTION, STOP_PARAMETERS, session.stop),
+        )
     ]
 
 
-def spawn_tool(conversation, run=None, *, stop_check=None) -> ModelTool:
+def spawn_tool(conversation, run=None, *, stop_check=None) -> ToolSpec:
     """Return only spawn_task."""
     return task_tools(conversation, run, stop_check=stop_check)[0]
 
 
-def control_tools(conversation, run=None, *, stop_check=None) -> list[ModelTool]:
+def control_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:
     """Return task_status, task_retry and task_stop, for a site that brings its own spawn tool."""
     return task_tools(conversation, run, stop_check=stop_check)[1:]
 

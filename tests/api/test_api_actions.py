@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from agenttasks.models import Event, PendingAction
-from agenttasks.runtime.base import tool
+from agenttasks.tools import tool
 
 from ..conftest import run_threads
 from .conftest import ALLOW_LOOPBACK, agenttasks, error, wait_for

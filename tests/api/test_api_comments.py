@@ -6,8 +6,8 @@ for `deploy {"env": "prod"}`) in place of the chat agent `deployer`.
 
 import pytest
 
+from agenttasks import registry
 from agenttasks.models import Comment
-from agenttasks.runtime import registry
 from agenttasks.runtime.base import Reply
 
 from ..agents import clarify

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from agenttasks import registry
 from agenttasks.models import Comment, Conversation, Run
-from agenttasks.runtime import registry
 from agenttasks.runtime.base import Reply
 
 from .conftest import ALLOW_LOOPBACK, agenttasks, at_gate, error, gate_task, wait_for

@@ -11,9 +11,8 @@ import threading
 import pytest
 from django.core.management import call_command
 
-from agenttasks import queue
-from agenttasks.runtime import registry
-from agenttasks.runtime.base import tool
+from agenttasks import queue, registry
+from agenttasks.tools import tool
 
 from .conftest import ALLOW_LOOPBACK, agenttasks, error, wait_for
 

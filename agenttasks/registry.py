@@ -1,4 +1,7 @@
-"""The agent registry: definitions from AGENTTASKS["AGENTS"] and from register(), by id."""
+"""The agent registry: definitions from AGENTTASKS["AGENTS"] and from register(), by id.
+
+It stands below the lifecycle and the runtimes (it imports neither): both look agents up here.
+"""
 
 import re
 import threading
@@ -6,9 +9,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from .base import DEFAULT_PARAMETERS, ToolSpec
+from .conf import app_settings
+from .tools import DEFAULT_PARAMETERS, ToolSpec
 
 ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 RUNTIMES = ("chat", "callable")
@@ -223,8 +228,6 @@ class _Registry:
     def all(self) -> dict[str, AgentDef]:
         with self._lock:
             if self._merged is None:
-                from ..conf import app_settings
-
                 merged: dict[str, AgentDef] = {}
                 for agent_id, spec in (app_settings.AGENTS or {}).items():
                     if agent_id in self._code:
@@ -269,3 +272,12 @@ def agents() -> list[AgentDef]:
 def with_fields(agent: AgentDef, **changes) -> AgentDef:
     """Return a copy of a definition with some fields changed (tests)."""
     return replace(agent, **changes)
+
+
+def _reset_on_change(*, setting, **kwargs) -> None:
+    # Agents defined in settings are re-read when a test overrides AGENTTASKS.
+    if setting == "AGENTTASKS":
+        reset()
+
+
+setting_changed.connect(_reset_on_change)
