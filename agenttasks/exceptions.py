@@ -1,155 +1,323 @@
-"""Errors of the task lifecycle; refusals carry `.info`, the task as it was when refused."""
+"""Errors of the task lifecycle: what each refusal says to a model, and what it answers over REST.
+
+A refusal's `str()` is the model-facing text (the task tools return it verbatim). Over REST it
+answers `status_code` with the error envelope `{"error": {"code", "message", "details"}}` built
+from `code`, `api_message()` and `api_details()` (docs/rest.md#errors), as DRF's exceptions carry
+`status_code` and `default_code`. `.info` is the task as it was when refused (the tools show it).
+"""
+
+from datetime import datetime
+from typing import Any
 
 from .states import model_status
-from .text import go_quote
+from .text import go_quote, iso
 
 
 class TaskError(Exception):
     """Base class of every lifecycle error."""
 
     default_message = "tasks: error"
+    status_code = 409
+    code = "task_error"
 
-    def __init__(self, message: str | None = None, *, info=None):
+    def __init__(self, message: str | None = None, *, info: Any = None) -> None:
         super().__init__(message or self.default_message)
         self.info = info
+
+    def api_message(self) -> str:
+        """The message of the REST error envelope."""
+        return str(self)
+
+    def api_details(self) -> dict[str, Any] | None:
+        """The details of the REST error envelope, if any."""
+        return None
+
+
+# --- not found -------------------------------------------------------------------------------
 
 
 class TaskNotFound(TaskError, LookupError):
     default_message = "tasks: not found"
+    status_code = 404
+    code = "NOT_FOUND"
 
 
 class RunNotFound(TaskError, LookupError):
     default_message = "tasks: run not found"
+    status_code = 404
+    code = "NOT_FOUND"
 
 
 class ConversationNotFound(TaskError, LookupError):
     default_message = "tasks: conversation not found"
+    status_code = 404
+    code = "NOT_FOUND"
+
+
+class ActionNotFound(TaskError, LookupError):
+    default_message = "tasks: action not found"
+    status_code = 404
+    code = "NOT_FOUND"
+
+
+# --- limits ----------------------------------------------------------------------------------
 
 
 class DepthLimit(TaskError):
-    def __init__(self, limit: int, *, info=None):
+    def __init__(self, limit: int, *, info: Any = None) -> None:
         super().__init__(f"tasks: cannot spawn from a task at depth {limit}", info=info)
         self.limit = limit
 
 
 class TaskLimit(TaskError):
-    def __init__(self, limit: int, *, info=None):
+    """A conversation already has MAX_CONCURRENT_PER_PARENT live tasks it spawned."""
+
+    code = "task_limit"
+
+    def __init__(self, limit: int, *, info: Any = None) -> None:
         super().__init__(
             f"tasks: this conversation already has {limit} tasks running; wait for one to finish",
             info=info,
         )
         self.limit = limit
 
+    def api_message(self) -> str:
+        return (
+            f"The conversation that spawned this task already has {self.limit} tasks running; "
+            "wait for one to finish"
+        )
+
+    def api_details(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
 
 class ActiveTaskLimit(TaskError):
-    """The user already has MAX_ACTIVE_TASKS_PER_USER active tasks (REST: task_limit)."""
+    """The user already has MAX_ACTIVE_TASKS_PER_USER active tasks."""
 
-    def __init__(self, limit: int, *, info=None):
+    code = "task_limit"
+
+    def __init__(self, limit: int, *, info: Any = None) -> None:
         super().__init__(
             f"tasks: you already have {limit} active tasks; wait for one to finish", info=info
         )
         self.limit = limit
 
+    def api_message(self) -> str:
+        return f"You already have {self.limit} active tasks; wait for one to finish"
+
+    def api_details(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
+
+# --- refusals of a task in the wrong state ---------------------------------------------------
+
 
 class NotRetryable(TaskError):
-    def __init__(self, status: str, *, info=None):
+    """Only a failed task that is not a delegate can be retried."""
+
+    code = "task_not_retryable"
+
+    def __init__(
+        self, status: str, *, task_id: str = "", delegate: bool = False, info: Any = None
+    ) -> None:
         super().__init__(
-            f"tasks: cannot retry a task that is {status}; only a failed task can be retried",
+            f"tasks: cannot retry a task that is {model_status(status)}; only a failed task can "
+            "be retried",
             info=info,
         )
-        self.status = status
+        self.status, self.task_id, self.delegate = status, task_id, delegate
+
+    def api_message(self) -> str:
+        if self.delegate:
+            return f"Task {self.task_id} is a delegate task; it is driven by its caller"
+        return f"Only a failed task can be retried; task {self.task_id} is {self.status}"
+
+    def api_details(self) -> dict[str, Any]:
+        return {"status": self.status}
 
 
 class RetryLimit(TaskError):
-    def __init__(self, limit: int, *, info=None):
+    code = "retry_limit"
+
+    def __init__(self, limit: int, *, task_id: str = "", attempt: int = 0, info: Any = None):
         super().__init__(
             f"tasks: this task has already used its {limit} attempts; start a new task instead",
             info=info,
         )
-        self.limit = limit
+        self.limit, self.task_id, self.attempt = limit, task_id, attempt
+
+    def api_message(self) -> str:
+        return (
+            f"Task {self.task_id} has already used its {self.limit} attempts; create a new "
+            "task instead"
+        )
+
+    def api_details(self) -> dict[str, Any]:
+        return {"limit": self.limit, "attempt": self.attempt}
 
 
 class RetryConflict(TaskError):
     default_message = "tasks: another writer claimed this task first; try again"
+    code = "retry_conflict"
+
+    def api_message(self) -> str:
+        return "Another request claimed this task first; try again"
 
 
 class AlreadyFinal(TaskError):
-    def __init__(self, status: str, *, info=None):
-        super().__init__(f"tasks: task already {status}", info=info)
-        self.status = status
+    """A stop reached a task that had already ended (REST: task_finished)."""
 
+    code = "task_finished"
 
-class LaunchFailed(TaskError):
-    @classmethod
-    def spawn(cls, cause, *, info=None):
-        return cls(f"tasks: starting task run: {cause}", info=info)
+    def __init__(self, status: str, *, task_id: str = "", info: Any = None) -> None:
+        super().__init__(f"tasks: task already {model_status(status)}", info=info)
+        self.status, self.task_id = status, task_id
 
-    @classmethod
-    def retry(cls, cause, *, info=None):
-        return cls(f"tasks: restarting task run: {cause}", info=info)
+    def api_message(self) -> str:
+        return f"Task {self.task_id} has already {self.status}"
 
-
-class SpawnError(TaskError):
-    @classmethod
-    def no_parent(cls):
-        return cls("tasks: Spawn requires a parent session")
-
-    @classmethod
-    def looking_up(cls, conversation_id: str, cause):
-        return cls(f"tasks: looking up session {go_quote(conversation_id)}: {cause}")
-
-    @classmethod
-    def counting(cls, cause):
-        return cls(f"tasks: counting live tasks: {cause}")
-
-    @classmethod
-    def resolving_agent(cls, agent: str, cause):
-        return cls(f"tasks: resolving agent {go_quote(agent)}: {cause}")
-
-    @classmethod
-    def creating_session(cls, cause):
-        return cls(f"tasks: creating task session: {cause}")
-
-    @classmethod
-    def creating_task(cls, cause):
-        return cls(f"tasks: creating task: {cause}")
+    def api_details(self) -> dict[str, Any]:
+        return {"status": self.status}
 
 
 class TaskBusy(TaskError):
-    """A comment reached a task that is pending or running (REST: task_busy)."""
+    """A comment reached a task that is pending or running, or a delegate (its caller drives it)."""
 
-    def __init__(self, status: str, message: str | None = None, *, info=None):
-        # Messages use the model-facing name of a status (working, …).
-        super().__init__(message or f"tasks: task is {model_status(status)}", info=info)
-        self.status = status
+    code = "task_busy"
+
+    def __init__(
+        self, status: str, *, task_id: str = "", delegate: bool = False, info: Any = None
+    ) -> None:
+        # Messages to a model use the model-facing name of a status (working, …).
+        message = (
+            "tasks: a delegate task is driven by its caller"
+            if delegate
+            else f"tasks: task is {model_status(status)}"
+        )
+        super().__init__(message, info=info)
+        self.status, self.task_id, self.delegate = status, task_id, delegate
+
+    def api_message(self) -> str:
+        if self.delegate:
+            return f"Task {self.task_id} is a delegate task; it is driven by its caller"
+        return f"Task {self.task_id} is {self.status}; wait for it to finish or cancel it"
+
+    def api_details(self) -> dict[str, Any]:
+        return {"status": self.status}
 
 
 class ActionPending(TaskError):
-    """A comment reached a task waiting on an approval or a question (REST: action_pending)."""
+    """A comment reached a task waiting on an approval or a question."""
 
-    def __init__(self, action_ids=(), *, info=None):
+    code = "action_pending"
+
+    def __init__(self, action_ids: Any = (), *, task_id: str = "", info: Any = None) -> None:
         super().__init__("tasks: task is waiting on an approval or a question", info=info)
-        self.action_ids = list(action_ids)
+        self.action_ids, self.task_id = list(action_ids), task_id
+
+    def api_message(self) -> str:
+        return f"Task {self.task_id} is waiting on an approval or a question; answer it first"
+
+    def api_details(self) -> dict[str, Any]:
+        return {"actionIds": self.action_ids}
 
 
 class ConversationBusy(TaskError):
     """A message reached a conversation with an action pending or a run in progress."""
 
-    def __init__(self, conversation_id: str, *, run_id: str = "", action_ids=()):
+    code = "conversation_busy"
+
+    def __init__(self, conversation_id: str, *, run_id: str = "", action_ids: Any = ()) -> None:
         super().__init__(f"tasks: conversation {conversation_id} is busy")
+        self.conversation_id = conversation_id
         self.run_id = run_id
         self.action_ids = list(action_ids)
+
+    def api_message(self) -> str:
+        if self.action_ids:
+            return f"Conversation {self.conversation_id} is waiting on an approval or a question"
+        return f"Conversation {self.conversation_id} has a run in progress"
+
+    def api_details(self) -> dict[str, Any]:
+        if self.action_ids:
+            return {"actionIds": self.action_ids}
+        return {"runId": self.run_id}
+
+
+class ActionResolved(TaskError):
+    """An answer reached an action that is settled, stale (its run moved on) or expired."""
+
+    code = "action_resolved"
+
+    def __init__(self, action_id: str, status: str, *, reason: str) -> None:
+        super().__init__(f"tasks: action {action_id} cannot be answered: {reason}")
+        self.action_id, self.status, self.reason = action_id, status, reason
+
+    @classmethod
+    def settled(cls, action_id: str, status: str) -> "ActionResolved":
+        return cls(action_id, status, reason=f"is already {status}")
+
+    @classmethod
+    def stale(cls, action_id: str, status: str) -> "ActionResolved":
+        return cls(action_id, status, reason="belongs to a run that is no longer current")
+
+    @classmethod
+    def expired(cls, action_id: str, status: str, deadline: datetime) -> "ActionResolved":
+        return cls(action_id, status, reason=f"expired at {iso(deadline)}")
+
+    def api_message(self) -> str:
+        return f"Action {self.action_id} {self.reason}"
+
+    def api_details(self) -> dict[str, Any]:
+        return {"status": self.status}
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+class LaunchFailed(TaskError):
+    status_code = 500
+    code = "INTERNAL_ERROR"
+
+    @classmethod
+    def spawn(cls, cause: object, *, info: Any = None) -> "LaunchFailed":
+        return cls(f"tasks: starting task run: {cause}", info=info)
+
+    @classmethod
+    def retry(cls, cause: object, *, info: Any = None) -> "LaunchFailed":
+        return cls(f"tasks: restarting task run: {cause}", info=info)
+
+
+class SpawnError(TaskError):
+    @classmethod
+    def no_parent(cls) -> "SpawnError":
+        return cls("tasks: Spawn requires a parent session")
+
+    @classmethod
+    def looking_up(cls, conversation_id: str, cause: object) -> "SpawnError":
+        return cls(f"tasks: looking up session {go_quote(conversation_id)}: {cause}")
+
+    @classmethod
+    def resolving_agent(cls, agent: str, cause: object) -> "SpawnError":
+        return cls(f"tasks: resolving agent {go_quote(agent)}: {cause}")
+
+    @classmethod
+    def creating_task(cls, cause: object) -> "SpawnError":
+        return cls(f"tasks: creating task: {cause}")
+
+
+class StoreError(TaskError):
+    status_code = 500
+    code = "INTERNAL_ERROR"
+
+    @classmethod
+    def failing_orphans(cls, cause: object) -> "StoreError":
+        return cls(f"tasks: failing orphaned tasks: {cause}")
+
+    @classmethod
+    def listing_live(cls, cause: object) -> "StoreError":
+        return cls(f"tasks: listing live tasks: {cause}")
 
 
 class TransitionError(RuntimeError):
     """A status change the transition table does not allow: a bug, never a lost race."""
-
-
-class StoreError(TaskError):
-    @classmethod
-    def failing_orphans(cls, cause):
-        return cls(f"tasks: failing orphaned tasks: {cause}")
-
-    @classmethod
-    def listing_live(cls, cause):
-        return cls(f"tasks: listing live tasks: {cause}")

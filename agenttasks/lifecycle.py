@@ -13,13 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, transaction
+from django.utils import timezone
 
 from . import callbacks, ids, queue, registry, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
+    ActionNotFound,
     ActionPending,
+    ActionResolved,
     ActiveTaskLimit,
     AlreadyFinal,
+    ConversationBusy,
     ConversationNotFound,
     DepthLimit,
     LaunchFailed,
@@ -370,9 +374,15 @@ def list_tasks(conversation) -> list[TaskInfo]:
 
 
 def retry(task_id: str) -> TaskInfo:
-    """Resume a failed task on its own conversation as a new attempt."""
+    """Resume a failed task on its own conversation as a new attempt; return it as it is now."""
+    retry_task(task_id)
+    return info(_read(task_id))
+
+
+def retry_task(task_id: str) -> Task:
+    """Retry a failed task; return it as the retry wrote it (before a worker could move it)."""
     task = _read(task_id)
-    _refuse_retry(task)
+    _raise(retry_refusal(task))
     run_id = ids.new_run_id()
     cap = app_settings.MAX_CONCURRENT_PER_PARENT
     won = store.retry_claim(
@@ -384,7 +394,7 @@ def retry(task_id: str) -> TaskInfo:
     )
     if not won:
         task = _read(task_id)
-        _refuse_retry(task)
+        _raise(retry_refusal(task))
         if task.parent_conversation_id and store.live_count(task.parent_conversation_id) >= cap:
             raise TaskLimit(cap, info=info(task))
         raise RetryConflict(info=info(task))
@@ -400,16 +410,24 @@ def retry(task_id: str) -> TaskInfo:
             announce(released)
         raise LaunchFailed.retry(exc, info=info(_read(task_id))) from exc
     announce(won)
-    return info(_read(task_id))
+    return won
 
 
-def _refuse_retry(task: Task) -> None:
-    if task.kind == DELEGATE:
-        raise NotRetryable(model_status(task.status), info=info(task))
-    if task.status != TaskStatus.FAILED:
-        raise NotRetryable(model_status(task.status), info=info(task))
-    if task.attempt_no() >= app_settings.MAX_ATTEMPTS:
-        raise RetryLimit(app_settings.MAX_ATTEMPTS, info=info(task))
+def retry_refusal(task: Task) -> TaskError | None:
+    """Why this task cannot be retried now (None: it can): a delegate, not failed, or spent."""
+    if task.kind == DELEGATE or task.status != TaskStatus.FAILED:
+        return NotRetryable(
+            task.status, task_id=task.id, delegate=task.kind == DELEGATE, info=info(task)
+        )
+    limit = app_settings.MAX_ATTEMPTS
+    if task.attempt_no() >= limit:
+        return RetryLimit(limit, task_id=task.id, attempt=task.attempt_no(), info=info(task))
+    return None
+
+
+def _raise(refusal: TaskError | None) -> None:
+    if refusal is not None:
+        raise refusal
 
 
 # --- stop ------------------------------------------------------------------------------------
@@ -421,7 +439,7 @@ def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
         task = _read(task_id)
         if task.status in TERMINAL:
             if pass_no == 1:
-                raise AlreadyFinal(model_status(task.status), info=info(task))
+                raise AlreadyFinal(task.status, task_id=task.id, info=info(task))
             return info(task)
         if task.status == TaskStatus.WAITING_FOR_INPUT:
             won = store.finalize(
@@ -512,12 +530,14 @@ def comment(
     origin: str = "comment",
     files=None,
 ) -> Comment:
-    """Add a user comment: it re-opens a finished task (or answers a clarification) on a new run."""
+    """Add a user comment: it re-opens a finished task (or answers a clarification) on a new run.
+
+    `origin="message"` is a message posted to the task's own conversation, refused while that
+    conversation is busy. The comment comes back with `comment.task`, the task as it left it.
+    """
+    refusal = message_refusal if origin == "message" else comment_refusal
     task = _read(task_id)
-    if task.kind == DELEGATE:
-        raise TaskBusy(
-            task.status, "tasks: a delegate task is driven by its caller", info=info(task)
-        )
+    _raise(refusal(task))
     run_id = ids.new_run_id()
     won = store.reopen(
         task.id,
@@ -531,22 +551,92 @@ def comment(
         owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
     )
     if not won:
+        # Another writer moved the task between the check and the re-open: say what it is now.
         task = _read(task_id)
-        actions = list(
-            PendingAction.objects.open().filter(run_id=task.run_id).values_list("id", flat=True)
-        )
-        if task.status == TaskStatus.WAITING_FOR_INPUT and task.run.status == RunStatus.PAUSED:
-            # Paused on its own action or on one its delegate children escalated to it.
-            escalated = store.pending_actions_below(task.conversation_id).values_list(
-                "id", flat=True
-            )
-            actions = list(dict.fromkeys([*actions, *escalated]))
-        if task.status == TaskStatus.WAITING_FOR_INPUT and actions:
-            raise ActionPending(actions, info=info(task))
-        raise TaskBusy(task.status, info=info(task))
+        _raise(refusal(task))
+        raise TaskBusy(task.status, task_id=task.id, info=info(task))
     _launch_durable(run_id)
     announce(won)
+    assert won.new_comment is not None  # a comment or message trigger records one
     return won.new_comment
+
+
+def waiting_on(task: Task) -> list[str]:
+    """The pending actions a task waits on: its current run's, and those escalated to it."""
+    return [
+        action.id
+        for action in store.pending_actions_below(task.conversation_id)
+        if action.conversation_id != task.conversation_id or action.run_id == task.run_id
+    ]
+
+
+def comment_refusal(task: Task) -> TaskError | None:
+    """Why a comment cannot re-open this task now (None: it can)."""
+    if task.kind == DELEGATE or task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
+        return TaskBusy(
+            task.status, task_id=task.id, delegate=task.kind == DELEGATE, info=info(task)
+        )
+    if task.status == TaskStatus.WAITING_FOR_INPUT:
+        actions = waiting_on(task)
+        if actions or task.run.status == RunStatus.PAUSED:
+            return ActionPending(actions, task_id=task.id, info=info(task))
+    return None
+
+
+def message_refusal(task: Task) -> TaskError | None:
+    """Why a message to this task's own conversation cannot start a run now (None: it can)."""
+    conversation_id = task.conversation_id
+    actions = list(store.pending_actions_below(conversation_id).values_list("id", flat=True))
+    if actions:
+        return ConversationBusy(conversation_id, action_ids=actions)
+    active = (
+        Run.objects.active()
+        .filter(conversation_id=conversation_id)
+        .order_by("-created_at", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if active or task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
+        return ConversationBusy(conversation_id, run_id=active or task.run_id)
+    if task.kind == DELEGATE:
+        return TaskBusy(task.status, task_id=task.id, delegate=True, info=info(task))
+    return None
+
+
+def answer(action_id: str, resolution: dict[str, Any]) -> Task | None:
+    """Answer an approval or a question as a person; return its task as the answer left it.
+
+    Refused (ActionResolved) when the action is already settled, has expired (its timeout is
+    applied now) or belongs to a run that is no longer current. None for a conversation's run.
+    """
+    action = PendingAction.objects.filter(pk=action_id).first()
+    if action is None:
+        raise ActionNotFound()
+    _raise(answer_refusal(action))
+    won = resolve_action(action_id, resolution)
+    if not won:
+        action.refresh_from_db()
+        _raise(answer_refusal(action))
+        raise ActionResolved.stale(action.id, action.status)
+    return won if isinstance(won, Task) else None
+
+
+def answer_refusal(action: PendingAction) -> TaskError | None:
+    """Why a person cannot answer this action now (None: they can); a lapsed one expires now."""
+    if action.status != ActionStatus.PENDING:
+        return ActionResolved.settled(action.id, action.status)
+    if action.task_id is not None:
+        current = Task.objects.filter(pk=action.task_id, run_id=action.run_id).exists()
+    else:
+        current = Run.objects.filter(pk=action.run_id, status=RunStatus.PAUSED).exists()
+    if not current:
+        return ActionResolved.stale(action.id, action.status)
+    if action.deadline is not None and action.deadline <= timezone.now():
+        # The reaper would apply the timeout soon; an answer that comes late applies it now.
+        expire_actions([action.id])
+        action.refresh_from_db()
+        return ActionResolved.expired(action.id, action.status, action.deadline)
+    return None
 
 
 def resolve_action(action_id: str, resolution: dict[str, Any]):

@@ -553,6 +553,23 @@ def test_responses_in_other_accepted_shapes(model, agents, user, recording_queue
     assert server.requests[1].messages[2]["content"] == "data(é)"
 
 
+def test_a_tool_call_turn_with_empty_text_is_logged_with_null_content(
+    model, agents, user, recording_queue
+):
+    """Some servers send `content: ""` beside tool calls: that turn is not a message either."""
+    agents("plain", model="m-plain", tools=[LOOKUP])
+    empty = _body(
+        {
+            "content": "",
+            "tool_calls": [{"id": "e1", "function": {"name": "lookup", "arguments": "{}"}}],
+        }
+    )
+    model.script(sequence(empty, answer("done")))
+    task = task_for_and_run(user, "plain", recording_queue)
+    turns = Event.objects.filter(conversation_id=task.conversation_id, type="message.assistant")
+    assert [e.data["content"] for e in turns.order_by("seq")] == [None, "done"]
+
+
 def test_s32_usage_accounting(model, agents, user, recording_queue):
     agents("counter", model="m-counter", tools=[LOOKUP])
     model.script(

@@ -5,10 +5,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from django.contrib import messages
-from django.utils import timezone
 
 from .. import lifecycle
 from ..exceptions import (
+    ActionResolved,
     AlreadyFinal,
     LaunchFailed,
     NotRetryable,
@@ -19,8 +19,7 @@ from ..exceptions import (
     TaskNotFound,
 )
 from ..models import PendingAction, Task
-from ..states import LIVE, ActionStatus, TaskStatus
-from .base import DELEGATE
+from ..states import LIVE, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +84,10 @@ def retry(task_id: str) -> tuple[str, bool]:
     """Start a failed task again as a new attempt."""
     try:
         info = lifecycle.retry(task_id)
-    except NotRetryable:
-        if Task.objects.filter(pk=task_id, kind=DELEGATE).exists():
+    except NotRetryable as exc:
+        if exc.delegate:
             return "not retryable: a delegate task is driven by its caller", False
-        return f"not retryable: it is {_status_now(task_id)}", False
+        return f"not retryable: it is {TaskStatus(exc.status).label}", False
     except RetryLimit as exc:
         return f"not retried: all {exc.limit} attempts used", False
     except TaskLimit as exc:
@@ -133,24 +132,14 @@ def stop_tree(task: Task) -> tuple[str, bool, int]:
 
 def resolve(action: PendingAction, resolution: dict) -> tuple[str, bool]:
     """Answer an approval or a question; say whether the task resumes."""
-    if action.status != ActionStatus.PENDING:
-        return f"Action {action.pk} is already {action.status}.", False
-    if action.deadline is not None and action.deadline <= timezone.now():
-        # The reaper would apply the timeout soon; an answer that comes late applies it now.
-        lifecycle.expire_actions([action.pk])
-        return f"Action {action.pk} expired at {action.deadline:%Y-%m-%d %H:%M:%S} UTC.", False
     try:
-        won = lifecycle.resolve_action(action.pk, resolution)
-    except (TaskError, PendingAction.DoesNotExist) as exc:  # deleted or moved meanwhile
+        task = lifecycle.answer(action.pk, resolution)
+    except ActionResolved as exc:  # settled, stale, or expired (its timeout applied now)
+        return f"{exc.api_message()}.", False
+    except TaskError as exc:  # deleted or moved meanwhile
         return f"Action {action.pk} was not answered: {exc}", False
-    if not won:
-        return (
-            f"Action {action.pk} belongs to a run that is no longer current; the answer was "
-            "discarded.",
-            False,
-        )
     done = {"approved": "Approved", "denied": "Denied", "answered": "Answered"}
     text = f"{done.get(resolution['status'], 'Resolved')} {action.tool_name} ({action.pk})"
-    if getattr(won, "status", "") == TaskStatus.WAITING_FOR_INPUT:
+    if task is not None and task.status == TaskStatus.WAITING_FOR_INPUT:
         return f"{text}; the task still waits on another action.", True
     return f"{text}; the task resumes.", True

@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from .. import lifecycle
 from ..models import File, PendingAction, Run, Task, TaskResult
-from ..states import LIVE, ActionKind, ActionStatus, TaskStatus
+from ..states import LIVE, ActionKind, ActionStatus
 from . import operations, overview, timeline, tree
 from .base import (
     DELEGATE,
@@ -314,8 +314,7 @@ class TaskAdmin(ReadOnlyAdmin):
                 if (op.permission == "cancel" and can_cancel and op.name != "stop_tree" and live)
                 or (
                     op.name == "retry"
-                    and task.status == TaskStatus.FAILED
-                    and task.kind != DELEGATE
+                    and lifecycle.retry_refusal(task) is None
                     and self.has_retry_permission(request)
                 )
                 or (

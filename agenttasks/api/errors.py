@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from ..conf import app_settings
-from ..exceptions import ActiveTaskLimit
+from ..exceptions import TaskError
 
 logger = logging.getLogger("agenttasks.api")
 
@@ -87,21 +87,14 @@ def method_not_allowed(request) -> ApiError:
     )
 
 
-def task_limit(limit: int) -> ApiError:
-    return conflict(
-        "task_limit",
-        f"You already have {limit} active tasks; wait for one to finish",
-        {"limit": limit},
-    )
-
-
 def _translate(exc, context) -> ApiError | None:
     """Map DRF's and Django's exceptions onto the envelope; None for a real fault."""
     request = context.get("request")
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, ActiveTaskLimit):
-        return task_limit(exc.limit)
+    if isinstance(exc, TaskError) and exc.status_code < 500:
+        # A refusal of the lifecycle carries its own status, code, message and details.
+        return ApiError(exc.status_code, exc.code, exc.api_message(), exc.api_details())
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         # Always 401 (DRF would answer 403 when the first authenticator sends no challenge).
         message = (

@@ -12,13 +12,22 @@ from rest_framework import serializers
 
 from .. import callbacks, files, lifecycle
 from ..conf import app_settings
-from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult
+from ..models import (
+    RESERVED_METADATA,
+    Comment,
+    Conversation,
+    Event,
+    File,
+    PendingAction,
+    Run,
+    Task,
+    TaskResult,
+)
 from ..runtime import delegation
 from ..states import RUN_ACTIVE, RUN_ENDED, TERMINAL, RunTrigger, StopRequest, TaskStatus
 from ..text import iso
 from . import errors
 
-RESERVED_METADATA = ("source", "taskId")
 MESSAGE_TYPES = {
     "message.user": "user",
     "message.assistant": "assistant",
@@ -561,7 +570,7 @@ class PendingActionSerializer(Shape):
     prompt = serializers.CharField(required=False, help_text="What the person is asked.")
     status = serializers.ChoiceField(choices=ACTION_STATUSES)
     createdAt = serializers.DateTimeField()
-    expiresAt = serializers.DateTimeField(required=False)
+    expiresAt = serializers.DateTimeField(help_text="Every action lapses (DEFAULT_HITL).")
     decidedBy = serializers.CharField(required=False)
     decidedAt = serializers.DateTimeField(required=False)
     conversationId = serializers.CharField(
@@ -821,7 +830,7 @@ class FilePolicySerializer(serializers.Serializer):
 
 
 class HitlSerializer(serializers.Serializer):
-    timeoutMinutes = serializers.FloatField(required=False, help_text="Absent: never lapses.")
+    timeoutMinutes = serializers.FloatField()
     onTimeout = serializers.ChoiceField(choices=["deny", "cancel"])
 
 
@@ -861,10 +870,10 @@ class AgentSerializer(Shape):
         _put(out, "tools", [t.name for t in agent.tools])
         out["files"] = files_policy(agent)
         hitl = {**app_settings.DEFAULT_HITL, **(agent.hitl or {})}
-        out["hitl"] = {}
-        if hitl.get("timeout_minutes"):
-            out["hitl"]["timeoutMinutes"] = hitl["timeout_minutes"]
-        out["hitl"]["onTimeout"] = hitl.get("on_timeout") or "deny"
+        out["hitl"] = {
+            "timeoutMinutes": hitl["timeout_minutes"],
+            "onTimeout": hitl.get("on_timeout") or "deny",
+        }
         budget = {**app_settings.DEFAULT_BUDGET, **(agent.budget or {})}
         if agent.runtime == "callable":
             # A callable run is bound only by its wall time (docs/delegation.md#the-callable-runtime).

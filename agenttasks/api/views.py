@@ -16,7 +16,6 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.db.models import Prefetch
 from django.http import FileResponse
-from django.utils import timezone
 from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -28,25 +27,18 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from .. import callbacks, files, lifecycle, registry, store
+from .. import callbacks, files, lifecycle, registry
 from ..conf import app_settings
 from ..exceptions import (
-    ActionPending,
+    ActionNotFound,
     AlreadyFinal,
-    ConversationBusy,
     ConversationNotFound,
-    NotRetryable,
-    RetryConflict,
-    RetryLimit,
     RunNotFound,
-    TaskBusy,
-    TaskLimit,
     TaskNotFound,
 )
 from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task
 from ..runtime import delegation
-from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, RunStatus, TaskKind, TaskStatus
-from ..text import iso
+from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, TaskKind, TaskStatus
 from . import body, errors, slots, streams
 from . import serializers as s
 from .pagination import SQL_MAX, non_negative, page, page_body, page_params
@@ -208,44 +200,6 @@ def check_files(agent, uploads, existing: int = 0) -> dict:
     except files.FileRefused as exc:
         raise errors.ApiError(exc.status, exc.code, exc.message, exc.details) from None
     return rules
-
-
-def task_busy(task: Task) -> errors.ApiError:
-    if task.kind == DELEGATE:
-        return errors.conflict(
-            "task_busy",
-            f"Task {task.id} is a delegate task; it is driven by its caller",
-            {"status": task.status},
-        )
-    return errors.conflict(
-        "task_busy",
-        f"Task {task.id} is {task.status}; wait for it to finish or cancel it",
-        {"status": task.status},
-    )
-
-
-def pending_action_ids(task: Task) -> list[str]:
-    """The task's current run's pending actions and those escalated to it, oldest first."""
-    return [a["id"] for a in s.pending_actions(task.conversation_id, run_id=task.run_id)]
-
-
-def action_pending(task: Task, action_ids) -> errors.ApiError:
-    return errors.conflict(
-        "action_pending",
-        f"Task {task.id} is waiting on an approval or a question; answer it first",
-        {"actionIds": list(action_ids)},
-    )
-
-
-def reopen_refusal(task: Task) -> errors.ApiError | None:
-    """Why a comment cannot re-open this task now, or None (the table of docs/rest.md#comments)."""
-    if task.kind == DELEGATE or task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
-        return task_busy(task)
-    if task.status == TaskStatus.WAITING_FOR_INPUT:
-        actions = pending_action_ids(task)
-        if actions or task.run.status == RunStatus.PAUSED:
-            return action_pending(task, actions)
-    return None
 
 
 def task_detail(task: Task) -> dict:
@@ -518,40 +472,18 @@ class TaskCommentsView(ApiView):
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CommentCreateSerializer.validated(self.body)
-        with transaction.atomic():
-            comment = reopen(
-                task.id,
-                data["content"],
-                author=self.principal(),
-                metadata=data["metadata"],
-                origin="comment",
-                busy=reopen_refusal,
-            )
-            task = reload_task(task.id)  # before commit, so before the run is enqueued
+        comment = lifecycle.comment(
+            task.id, data["content"], author=self.principal(), metadata=data["metadata"]
+        )
         return Response(
             {
                 "comment": s.CommentSerializer.present(comment),
-                "task": s.TaskSerializer.present(task),
+                # The task as the comment left it (a worker may already be running it again).
+                "task": s.TaskSerializer.present(comment.task),
             },
             status=201,
             headers={"Location": self.location()},
         )
-
-
-def reopen(task_id: str, content: str, *, author, metadata, origin, busy, files=None):
-    """Re-open a task with a user comment (inside the caller's transaction), or refuse it."""
-    task = Task.objects.select_related("run").get(pk=task_id)
-    refusal = busy(task)
-    if refusal is not None:
-        raise refusal
-    try:
-        return lifecycle.comment(
-            task_id, content, author=author, metadata=metadata, origin=origin, files=files
-        )
-    except (TaskBusy, ActionPending):
-        # Another writer moved the task between the check and the re-open: say what it is now.
-        task = Task.objects.select_related("run").get(pk=task_id)
-        raise busy(task) or task_busy(task) from None
 
 
 class TaskCancelView(ApiView):
@@ -569,28 +501,21 @@ class TaskCancelView(ApiView):
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CancelSerializer.validated(self.body)
-        if task.status not in (TaskStatus.CANCELLED, *LIVE):
-            raise _finished(task)
         if task.status in LIVE:
             try:
                 lifecycle.stop(task.id, graceful=data["graceful"])
             except AlreadyFinal:
-                pass
+                pass  # it ended meanwhile: answered below as it is now
             except TaskNotFound:
                 raise errors.not_found(f"Task not found: {taskId}") from None
             task = reload_task(task.id)
-            if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
-                raise _finished(task)
+        if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+            # Cancelling a cancelled task changes nothing; an ended one cannot be cancelled.
+            raise AlreadyFinal(task.status, task_id=task.id)
         winding_down = task.status == TaskStatus.RUNNING and task.run.stop_request == "after_turn"
         return Response(
             {"task": s.TaskSerializer.present(task)}, status=202 if winding_down else 200
         )
-
-
-def _finished(task: Task) -> errors.ApiError:
-    return errors.conflict(
-        "task_finished", f"Task {task.id} has already {task.status}", {"status": task.status}
-    )
 
 
 class TaskRetryView(ApiView):
@@ -604,49 +529,8 @@ class TaskRetryView(ApiView):
     def post(self, request, taskId):
         task = self.task(taskId)
         s.EmptySerializer.validated(self.body)
-        refuse_retry(task)
-        with transaction.atomic():
-            try:
-                lifecycle.retry(task.id)
-            except (NotRetryable, RetryLimit):
-                refuse_retry(Task.objects.get(pk=task.id))
-                raise errors.conflict(
-                    "retry_conflict", "Another request claimed this task first; try again"
-                ) from None
-            except TaskLimit as exc:
-                raise errors.conflict(
-                    "task_limit",
-                    f"You already have {exc.limit} active tasks; wait for one to finish",
-                    {"limit": exc.limit},
-                ) from None
-            except RetryConflict:
-                raise errors.conflict(
-                    "retry_conflict", "Another request claimed this task first; try again"
-                ) from None
-            task = reload_task(task.id)  # before commit, so before the run is enqueued
+        task = lifecycle.retry_task(task.id)  # as the retry wrote it, before a worker moves it
         return Response({"task": s.TaskSerializer.present(task)}, status=202)
-
-
-def refuse_retry(task: Task) -> None:
-    if task.kind == DELEGATE:
-        raise errors.conflict(
-            "task_not_retryable",
-            f"Task {task.id} is a delegate task; it is driven by its caller",
-            {"status": task.status},
-        )
-    if task.status != TaskStatus.FAILED:
-        raise errors.conflict(
-            "task_not_retryable",
-            f"Only a failed task can be retried; task {task.id} is {task.status}",
-            {"status": task.status},
-        )
-    limit = int(app_settings.MAX_ATTEMPTS)
-    if task.attempt_no() >= limit:
-        raise errors.conflict(
-            "retry_limit",
-            f"Task {task.id} has already used its {limit} attempts; create a new task instead",
-            {"limit": limit, "attempt": task.attempt_no()},
-        )
 
 
 # --- conversations ---------------------------------------------------------------------------
@@ -800,18 +684,15 @@ class MessagesView(ApiView):
                     run, event = lifecycle.post_message(
                         conversation.id, data["message"], metadata=data["metadata"], files=refs
                     )
-                except ConversationBusy as exc:
-                    raise conversation_busy(conversation.id, exc.action_ids, exc.run_id) from None
                 except ConversationNotFound:
                     raise errors.not_found(f"Conversation not found: {conversationId}") from None
             else:
-                comment = reopen(
+                comment = lifecycle.comment(
                     own_task.id,
                     data["message"],
                     author=self.principal(),
                     metadata=data["metadata"],
                     origin="message",
-                    busy=lambda task: busy_conversation(conversation.id, task),
                     files=refs,
                 )
                 run = Run.objects.get(pk=comment.run_id)
@@ -832,38 +713,6 @@ class MessagesView(ApiView):
             {"message": s.MessageSerializer.present(event), "run": s.RunSerializer.present(run)},
             status=202,
         )
-
-
-def conversation_busy(conversation_id: str, action_ids=(), run_id: str = "") -> errors.ApiError:
-    if action_ids:
-        return errors.conflict(
-            "conversation_busy",
-            f"Conversation {conversation_id} is waiting on an approval or a question",
-            {"actionIds": list(action_ids)},
-        )
-    return errors.conflict(
-        "conversation_busy",
-        f"Conversation {conversation_id} has a run in progress",
-        {"runId": run_id},
-    )
-
-
-def busy_conversation(conversation_id: str, task: Task) -> errors.ApiError | None:
-    """A task's conversation is busy while an action is pending or a run is active."""
-    actions = list(store.pending_actions_below(conversation_id).values_list("id", flat=True))
-    if actions:
-        return conversation_busy(conversation_id, actions)
-    active = (
-        Run.objects.filter(conversation_id=conversation_id, status__in=RUN_ACTIVE)
-        .order_by("-created_at", "-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    if active or task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
-        return conversation_busy(conversation_id, run_id=active or task.run_id)
-    if task.kind == DELEGATE:
-        return task_busy(task)
-    return None
 
 
 # --- events ----------------------------------------------------------------------------------
@@ -1011,55 +860,17 @@ class ActionView(ApiView):
         if action is None:
             raise errors.not_found(f"Action not found: {actionId}")
         answer = s.ActionAnswerSerializer.validated(self.body, action=action)
-        refuse_answer(action)
         resolution = {**answer, "decided_by": self.principal()}
         try:
-            won = lifecycle.resolve_action(action.id, resolution)
-        except (PendingAction.DoesNotExist, TaskNotFound, RunNotFound):
+            task = lifecycle.answer(action.id, resolution)
+        except (ActionNotFound, TaskNotFound, RunNotFound):
             raise errors.not_found(f"Action not found: {actionId}") from None
-        action = PendingAction.objects.get(pk=action.id)
-        if not won:
-            refuse_answer(action)
-            raise stale(action)
+        action.refresh_from_db()
         out = {"action": s.PendingActionSerializer.present(action)}
-        if action.task_id:
+        if task is not None:
             # The task as this answer left it (a worker may already be running it again).
-            task = won if isinstance(won, Task) else reload_task(action.task_id)
             out["task"] = s.TaskSerializer.present(task)
         return Response(out)
-
-
-def stale(action: PendingAction) -> errors.ApiError:
-    return errors.conflict(
-        "action_resolved",
-        f"Action {action.id} belongs to a run that is no longer current",
-        {"status": action.status},
-    )
-
-
-def refuse_answer(action: PendingAction) -> None:
-    """409 action_resolved: already answered, no longer current, or expired (timeout applied)."""
-    if action.status != ActionStatus.PENDING:
-        raise errors.conflict(
-            "action_resolved",
-            f"Action {action.id} is already {action.status}",
-            {"status": action.status},
-        )
-    run = Run.objects.filter(pk=action.run_id).first()
-    if action.task_id is not None:
-        current = Task.objects.filter(pk=action.task_id, run_id=action.run_id).exists()
-    else:
-        current = run is not None and run.status == RunStatus.PAUSED
-    if not current:
-        raise stale(action)
-    if action.deadline is not None and action.deadline <= timezone.now():
-        lifecycle.expire_actions([action.id])
-        action.refresh_from_db()
-        raise errors.conflict(
-            "action_resolved",
-            f"Action {action.id} expired at {iso(action.deadline)}",
-            {"status": action.status},
-        )
 
 
 # --- files -----------------------------------------------------------------------------------

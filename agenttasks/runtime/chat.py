@@ -232,7 +232,8 @@ class ChatRun:
         usage = response.usage
         data = {
             "role": "assistant",
-            "content": response.content,
+            # A turn that only calls tools has no message: null, whatever "" the server sent.
+            "content": response.content if response.content or not response.calls else None,
             "toolCalls": response.calls,
             "model": self.client.config.model,
             # camelCase as the chat spec names it, plus the REST Usage names of the same values.
