@@ -143,8 +143,8 @@ def hold_task(log: Log, task: Task, *, parent: bool = True) -> None:
 # --- events ----------------------------------------------------------------------------------
 
 
-def task_status(log: Log, task: Task, previous: str | None, reason: str = "") -> None:
-    """Append the task.status event to the task's log and mirror it to its parent's."""
+def task_status_data(task: Task, previous: str | None, reason: str = "") -> dict[str, Any]:
+    """The data of a task.status event: where the task went, on which run and attempt."""
     data: dict[str, Any] = {"taskId": task.id}
     if previous is not None:
         data["from"] = previous
@@ -153,6 +153,12 @@ def task_status(log: Log, task: Task, previous: str | None, reason: str = "") ->
         data["error"] = task.error
     if reason:
         data["reason"] = reason
+    return data
+
+
+def task_status(log: Log, task: Task, previous: str | None, reason: str = "") -> None:
+    """Append the task.status event to the task's log and mirror it to its parent's."""
+    data = task_status_data(task, previous, reason)
     log.add(task.conversation_id, "task.status", data, run_id=task.run_id, task_id=task.id)
     if task.parent_conversation_id is not None and log.holds(task.parent_conversation_id):
         log.add(
@@ -187,6 +193,18 @@ def user_message(
     metadata: dict[str, Any] | None = None,
 ) -> Event:
     """Append a message.user event."""
+    data = user_message_data(content, origin, files, comment_id, metadata)
+    return log.add(conversation_id, "message.user", data, run_id=run_id, task_id=task_id)
+
+
+def user_message_data(
+    content: str,
+    origin: str,
+    files: list[dict[str, Any]] | None = None,
+    comment_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The data of a message.user event."""
     data: dict[str, Any] = {"content": content, "origin": origin}
     if files:
         data["files"] = files
@@ -194,7 +212,7 @@ def user_message(
         data["commentId"] = comment_id
     if metadata:
         data["metadata"] = metadata
-    return log.add(conversation_id, "message.user", data, run_id=run_id, task_id=task_id)
+    return data
 
 
 def append_events(

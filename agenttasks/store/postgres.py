@@ -99,6 +99,19 @@ def _linked(answer: dict[str, Any]) -> tuple[Task | None, Run]:
     return task, run
 
 
+def event(
+    conversation_id: str, type: str, data: dict[str, Any], run_id: str, task_id: str
+) -> dict[str, Any]:
+    """An event as `agenttasks_append` takes it (the function numbers it)."""
+    return {
+        "conversation_id": conversation_id,
+        "type": type,
+        "data": data,
+        "run_id": run_id,
+        "task_id": task_id,
+    }
+
+
 def create(
     conversation: Conversation,
     run: Run,

@@ -40,7 +40,9 @@ from .locking import (
     lock_task_of_run,
     run_finished,
     task_status,
+    task_status_data,
     user_message,
+    user_message_data,
 )
 from .rows import (
     add_comment,
@@ -109,21 +111,15 @@ def _insert(
 ) -> None:
     parent_id = new.parent_conversation_id
     if postgres.enabled():
-        log = Log()
-        log.hold(conversation)
-        if parent_id is not None:
-            log.hold(Conversation(id=parent_id, last_seq=0))  # numbered by the database
-        _first_events(log, task, run, new)
+        # The events the ORM path appends (the function numbers them after its locks).
+        status = task_status_data(task, None)
+        own = task.conversation_id
         events = [
-            {
-                "conversation_id": e.conversation_id,
-                "type": e.type,
-                "data": e.data,
-                "run_id": e.run_id,
-                "task_id": e.task_id,
-            }
-            for e in log.rows
+            postgres.event(own, "message.user", _first_message(new), run.id, task.id),
+            postgres.event(own, "task.status", status, run.id, task.id),
         ]
+        if parent_id is not None:
+            events.append(postgres.event(parent_id, "task.status", status, run.id, task.id))
         verdict = postgres.create(
             conversation,
             run,
@@ -205,11 +201,14 @@ def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
 
 
 def _first_events(log: Log, task: Task, run: Run, new: NewTask) -> None:
-    files = list(new.files) or None
-    user_message(
-        log, task.conversation_id, new.input, "input", run_id=run.id, task_id=task.id, files=files
+    log.add(
+        task.conversation_id, "message.user", _first_message(new), run_id=run.id, task_id=task.id
     )
     task_status(log, task, None)
+
+
+def _first_message(new: NewTask) -> dict[str, Any]:
+    return user_message_data(new.input, "input", list(new.files) or None)
 
 
 def _refuse(verdict: str, owner_limit: int, parent_cap: int | None) -> None:
