@@ -7,6 +7,7 @@ back as JSON, so nothing is read again. The ORM path (SQLite) keeps the same con
 store's conformance tests run on both.
 """
 
+import functools
 import json
 from contextlib import AbstractContextManager, nullcontext
 from datetime import date, datetime
@@ -65,24 +66,27 @@ def _answer(value: Any) -> dict[str, Any]:
 
 def row(instance: models.Model) -> dict[str, Any]:
     """Return a model instance as {column: value}, the shape jsonb_populate_record reads."""
-    return {_column(f): f.value_from_object(instance) for f in instance._meta.concrete_fields}
-
-
-def _column(field: "models.Field[Any, Any]") -> str:
-    assert field.column is not None  # concrete fields have one
-    return field.column
+    return {column: getattr(instance, attname) for attname, column, _ in _columns(type(instance))}
 
 
 def instance(model: type[M], data: dict[str, Any]) -> M:
     """Build a model instance from a row the database returned as JSON."""
-    fields = model._meta.concrete_fields
-    values = []
-    for field in fields:
-        value = data[_column(field)]
-        if value is not None and isinstance(field, models.DateTimeField):
-            value = parse_datetime(value)
-        values.append(value)
-    return model.from_db(connection.alias, [f.attname for f in fields], values)
+    columns = _columns(model)
+    values = [
+        parse_datetime(data[column]) if is_time and data[column] is not None else data[column]
+        for _, column, is_time in columns
+    ]
+    return model.from_db(connection.alias, [attname for attname, _, _ in columns], values)
+
+
+@functools.cache
+def _columns(model: type[models.Model]) -> list[tuple[str, str, bool]]:
+    """(attribute, column, is a timestamp) of each concrete field, in the table's order."""
+    out = []
+    for field in model._meta.concrete_fields:
+        assert field.column is not None  # concrete fields have one
+        out.append((field.attname, field.column, isinstance(field, models.DateTimeField)))
+    return out
 
 
 def _linked(answer: dict[str, Any]) -> tuple[Task | None, Run]:
