@@ -585,19 +585,11 @@ def comment_refusal(task: Task) -> TaskError | None:
 
 def message_refusal(task: Task) -> TaskError | None:
     """Why a message to this task's own conversation cannot start a run now (None: it can)."""
-    conversation_id = task.conversation_id
-    actions = list(store.pending_actions_below(conversation_id).values_list("id", flat=True))
-    if actions:
-        return ConversationBusy(conversation_id, action_ids=actions)
-    active = (
-        Run.objects.active()
-        .filter(conversation_id=conversation_id)
-        .order_by("-created_at", "-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    if active or task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
-        return ConversationBusy(conversation_id, run_id=active or task.run_id)
+    busy = store.conversation_busy(task.conversation_id)
+    if busy is not None:
+        return busy
+    if task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
+        return ConversationBusy(task.conversation_id, run_id=task.run_id)
     if task.kind == DELEGATE:
         return TaskBusy(task.status, task_id=task.id, delegate=True, info=info(task))
     return None

@@ -26,6 +26,7 @@ from .limits import active_count, check_active_limit, live_count, lock_principal
 from .locking import Log, append_events, lock_conversation, lock_task
 from .runs import (
     answer_conversation_run,
+    conversation_busy,
     create_conversation,
     escalations_open,
     pending_actions_below,
@@ -67,6 +68,7 @@ __all__ = [
     "append_events",
     "check_active_limit",
     "claim",
+    "conversation_busy",
     "conversation_tree",
     "conversations_owed",
     "create_conversation",

@@ -92,19 +92,9 @@ def start_conversation_run(
         conversation = lock_conversation(conversation_id, log)
         if conversation.deleting_at is not None:
             raise ConversationNotFound()
-        # Its own actions and those its delegate descendants escalated to it.
-        pending = list(pending_actions_below(conversation_id).values_list("id", flat=True))
-        if pending:
-            raise ConversationBusy(conversation_id, action_ids=pending)
-        active = (
-            Run.objects.active()
-            .filter(conversation_id=conversation_id)
-            .order_by("-created_at", "-id")
-            .values_list("id", flat=True)
-            .first()
-        )
-        if active:
-            raise ConversationBusy(conversation_id, run_id=active)
+        busy = conversation_busy(conversation_id)
+        if busy is not None:
+            raise busy
         run = Run.objects.create(
             id=run_id or ids.new_run_id(),
             conversation=conversation,
@@ -208,6 +198,25 @@ def resume_paused(conversation_id: str) -> Run | None:
             return None
         requeue_paused(Log(), latest, now)
         return latest
+
+
+def conversation_busy(conversation_id: str) -> ConversationBusy | None:
+    """Why a message cannot start a run in this conversation now (None: it can).
+
+    Busy while an action is pending (its own, or one its delegate descendants escalated to it)
+    or while a run is queued, running or paused.
+    """
+    pending = list(pending_actions_below(conversation_id).values_list("id", flat=True))
+    if pending:
+        return ConversationBusy(conversation_id, action_ids=pending)
+    active = (
+        Run.objects.active()
+        .filter(conversation_id=conversation_id)
+        .order_by("-created_at", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return ConversationBusy(conversation_id, run_id=active) if active else None
 
 
 # --- what holds a paused run -----------------------------------------------------------------
