@@ -8,7 +8,7 @@ PORT      ?= 8000
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/agenttasks
 BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 
-.PHONY: install install-demo run test test-sqlite test-postgres lint fuzz bench clean
+.PHONY: install install-demo run test test-sqlite test-postgres lint typecheck fuzz bench clean
 
 # What the demo needs (the app, psycopg for DATABASE_URL=postgres://…).
 $(VENV)/.demo: pyproject.toml
@@ -21,7 +21,7 @@ $(VENV)/.demo: pyproject.toml
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,postgres]"
+	$(PY) -m pip install -q -e ".[postgres,redis]" --group dev
 	touch $@ $(VENV)/.demo
 
 install-demo: $(VENV)/.demo
@@ -36,6 +36,10 @@ run: install-demo
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# Types (django-stubs): strict on the store, the lifecycle and their vocabulary (pyproject.toml).
+typecheck: install
+	$(VENV)/bin/mypy agenttasks
 
 test: install lint
 	$(PY) manage.py check

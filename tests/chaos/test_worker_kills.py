@@ -57,6 +57,7 @@ def retry_failed(top_ids):
 
 
 @override_settings(AGENTTASKS=SETTINGS)
+@pytest.mark.timeout(480)  # its own deadline (420 s) says what did not settle
 def test_worker_kills_under_load(start_cluster, user, receiver):
     rng = random.Random(20261129)
     cluster = start_cluster(workers=4, **SETTINGS)
