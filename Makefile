@@ -41,7 +41,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy agenttasks
 
-test: install lint
+test: install lint typecheck
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py spectacular --generator-class agenttasks.api.schema.Generator --validate --fail-on-warn --file /dev/null

@@ -17,6 +17,7 @@ import json
 import logging
 import socket
 import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -67,7 +68,7 @@ def check_syntax(url) -> None:
 def resolve(host: str, port: int) -> list[str]:
     """Return every address a host name resolves to (tests replace this with a stub)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
@@ -125,7 +126,7 @@ def check_address(url: str) -> list[str]:
     """Check the URL's port, resolve its host and return its addresses, refusing any that is
     not public."""
     parts = urlsplit(url)
-    host = parts.hostname.lower()
+    host = (parts.hostname or "").lower()
     scheme = parts.scheme.lower()
     port = parts.port or DEFAULT_PORTS[scheme]
     if not allowed_port(scheme, port, host):
@@ -213,7 +214,7 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
     )
     if task is None or not task.callback_url:
         return None
-    payload = {"taskId": task.id, "status": status}
+    payload: dict[str, Any] = {"taskId": task.id, "status": status}
     if status == "failed":
         payload["error"] = task.error
     payload["timestamp"] = iso(timezone.now())
@@ -224,7 +225,7 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
             app_settings.CALLBACK_SIGNING_SECRET, int(time.time()), body
         )
     started = time.monotonic()
-    outcome = {"taskId": task.id, "status": status}
+    outcome: dict[str, Any] = {"taskId": task.id, "status": status}
     host = urlsplit(task.callback_url).hostname or ""
     try:
         address = check_address(task.callback_url)[0]
@@ -260,7 +261,7 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
 def _post(url: str, address: str, body: bytes, headers: dict) -> httpx.Response:
     """POST to the checked address, naming the host in Host and in TLS (SNI, certificate)."""
     parts = urlsplit(url)
-    host = parts.hostname
+    host = parts.hostname or ""
     netloc = f"[{address}]" if ":" in address else address
     if parts.port:
         netloc += f":{parts.port}"

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -53,7 +53,17 @@ from .states import (
     TaskStatus,
     model_status,
 )
-from .types import Continuation, Ending, NewTask, RunOutcome, StopOutcome, TaskInfo, TaskMeta
+from .types import (
+    Continuation,
+    ConversationRef,
+    Ending,
+    NewTask,
+    Owner,
+    RunOutcome,
+    StopOutcome,
+    TaskInfo,
+    TaskMeta,
+)
 
 __all__ = [
     "Continuation",
@@ -125,11 +135,16 @@ def info(task: Task, *, agent: str = "") -> TaskInfo:
     )
 
 
+def conversation_id_of(conversation: ConversationRef) -> str:
+    """The id of a conversation given as a row or as its id."""
+    return conversation if isinstance(conversation, str) else conversation.pk
+
+
 def _read(task_id: str) -> Task:
     return Task.objects.read(task_id)
 
 
-def _after_commit(fn: Callable[[], None]) -> None:
+def _after_commit(fn: Callable[[], object]) -> None:
     transaction.on_commit(fn)
 
 
@@ -198,15 +213,15 @@ def _check_agent(agent_id: str) -> None:
 
 def create(
     *,
-    owner,
+    owner: Owner,
     agent_id: str,
     input: str,
     label: str = "",
     kind: str = "",
-    state=None,
+    state: Any = None,
     callback_url: str | None = None,
     metadata: dict[str, Any] | None = None,
-    files=(),
+    files: Iterable[Any] = (),
     before_commit: Callable[[Task], None] | None = None,
 ) -> Task:
     """Create a task from REST or site code: a visible conversation, depth 1, no parent.
@@ -246,9 +261,9 @@ def create(
     return task
 
 
-def meta_for(conversation) -> TaskMeta | None:
+def meta_for(conversation: ConversationRef) -> TaskMeta | None:
     """Return the task whose own conversation this is, or None; a lookup failure raises."""
-    conversation_id = getattr(conversation, "pk", conversation)
+    conversation_id = conversation_id_of(conversation)
     try:
         row = (
             Task.objects.filter(conversation_id=conversation_id)
@@ -263,13 +278,13 @@ def meta_for(conversation) -> TaskMeta | None:
 
 
 def spawn(
-    parent,
+    parent: "ConversationRef | None",
     agent_name: str,
     input: str,
     *,
     label: str = "",
     kind: str = "",
-    state=None,
+    state: Any = None,
     tool_call_id: str = "",
     parent_run: Run | None = None,
 ) -> TaskInfo:
@@ -301,7 +316,7 @@ def spawn(
         state=state,
         inherit=agent.snapshot(),
         depth=depth,
-        parent_run_id=getattr(parent_run, "pk", parent_run),
+        parent_run_id=parent_run.pk if parent_run is not None else None,
         tool_call_id=tool_call_id,
         run_id=run_id,
     )
@@ -336,13 +351,19 @@ def status(
     *,
     wait: float = 0,
     stop_check: Callable[[], bool] | None = None,
-    settled=TERMINAL,
+    settled: Collection[str] = TERMINAL,
 ) -> TaskInfo:
     """Read a task, waiting up to `wait` seconds (clamped to MAX_STATUS_WAIT) for it to settle."""
     return info(wait_for(task_id, wait=wait, stop_check=stop_check, settled=settled))
 
 
-def wait_for(task_id: str, *, wait: float = 0, stop_check=None, settled=TERMINAL) -> Task:
+def wait_for(
+    task_id: str,
+    *,
+    wait: float = 0,
+    stop_check: Callable[[], bool] | None = None,
+    settled: Collection[str] = TERMINAL,
+) -> Task:
     """Return the task once its status is in `settled`, or when the wait runs out."""
     wait = min(max(float(wait or 0), 0.0), float(app_settings.MAX_STATUS_WAIT))
     deadline = time.monotonic() + wait
@@ -358,9 +379,9 @@ def wait_for(task_id: str, *, wait: float = 0, stop_check=None, settled=TERMINAL
             woken.clear()
 
 
-def list_tasks(conversation) -> list[TaskInfo]:
+def list_tasks(conversation: ConversationRef) -> list[TaskInfo]:
     """Every task spawned from the conversation (delegates excluded), newest first."""
-    conversation_id = getattr(conversation, "pk", conversation)
+    conversation_id = conversation_id_of(conversation)
     tasks = (
         Task.objects.filter(parent_conversation_id=conversation_id)
         .exclude(kind=DELEGATE)
@@ -487,9 +508,9 @@ def _stop_children(task: Task) -> None:
         logger.exception("lifecycle.stop_children_failed task=%s", task.id)
 
 
-def stop_tree(conversation) -> None:
+def stop_tree(conversation: ConversationRef) -> None:
     """Stop every live task spawned from the conversation, and theirs, recursively."""
-    conversation_id = getattr(conversation, "pk", conversation)
+    conversation_id = conversation_id_of(conversation)
     errors: list[Exception] = []
     seen: set[str] = set()
     frontier = [conversation_id]
@@ -525,10 +546,10 @@ def comment(
     task_id: str,
     content: str,
     *,
-    author=None,
+    author: Owner = None,
     metadata: dict[str, Any] | None = None,
     origin: str = "comment",
-    files=None,
+    files: list[Any] | None = None,
 ) -> Comment:
     """Add a user comment: it re-opens a finished task (or answers a clarification) on a new run.
 
@@ -631,7 +652,7 @@ def answer_refusal(action: PendingAction) -> TaskError | None:
     return None
 
 
-def resolve_action(action_id: str, resolution: dict[str, Any]):
+def resolve_action(action_id: str, resolution: dict[str, Any]) -> Task | Run | None:
     """Answer an approval or a question; resume its run when it was the last one open.
 
     Returns the task as written (or the run, outside tasks), or False when the answer was stale.
@@ -644,21 +665,23 @@ def resolve_action(action_id: str, resolution: dict[str, Any]):
             if won.status == TaskStatus.PENDING:
                 _launch(won.run_id)
         return won
-    won = store.answer_conversation_run(action.run_id, action_id, resolution)
-    if won and won.status == RunStatus.QUEUED:
-        _launch(won.id)
-    return won
+    run = store.answer_conversation_run(action.run_id, action_id, resolution)
+    if run and run.status == RunStatus.QUEUED:
+        _launch(run.id)
+    return run
 
 
 # --- a run's ending --------------------------------------------------------------------------
 
 
-def on_run_finished(conversation, outcome: RunOutcome, *, task: Task | None = None) -> None:
+def on_run_finished(
+    conversation: ConversationRef, outcome: RunOutcome, *, task: Task | None = None
+) -> None:
     """The single entry point for a run's ending: pause, continue, or finalize its task.
 
     The run driver passes the task it claimed (`task`), which saves looking it up again.
     """
-    conversation_id = getattr(conversation, "pk", conversation)
+    conversation_id = conversation_id_of(conversation)
     if task is None:
         try:
             meta = meta_for(conversation_id)
@@ -703,7 +726,7 @@ def _ending(
     graceful: bool,
     status: str | None = None,
     full: str | None = None,
-    state=None,
+    state: Any = None,
 ) -> Ending:
     """How an outcome settles its task (a completed run asked to stop after its turn is a
     cancellation that keeps its reply as the result)."""
@@ -765,7 +788,7 @@ def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
     _settled(store.end(task.id, run_id, ending).task, task, run_id)
 
 
-def _settled(won, task: Task, run_id: str) -> None:
+def _settled(won: Task | None, task: Task, run_id: str) -> None:
     if won:
         announce(won)
     else:
@@ -807,7 +830,7 @@ def _wants_continuation(task: Task, run_id: str, status: str, outcome: RunOutcom
     )
 
 
-def _continue(task: Task, run_id: str, outcome: RunOutcome):
+def _continue(task: Task, run_id: str, outcome: RunOutcome) -> tuple[str, str, Any] | None:
     """Ask the kind's CONTINUE hook; advance and launch, or return the ending it decided.
 
     Returns None when the task went on to a next run (or that attempt was settled here), else
@@ -835,9 +858,9 @@ def _continue(task: Task, run_id: str, outcome: RunOutcome):
     next_run_id = ids.new_run_id()
     try:
         advanced = store.advance(task.id, run_id, next_run_id, input=cont.input, state=cont.state)
-        reason = None if advanced else "the task was moved before the next run could start"
+        reason = "the task was moved before the next run could start"
     except Exception as exc:
-        advanced, reason = False, str(exc)
+        advanced, reason = None, str(exc)
     if not advanced:
         return TaskStatus.FAILED, "could not advance to the next run: " + reason, None
     try:
@@ -916,10 +939,11 @@ def recover() -> list[Task]:
     return orphans
 
 
-def expire_actions(action_ids=None) -> list[str]:
+def expire_actions(action_ids: list[str] | None = None) -> list[str]:
     """Apply the timeout of every open action past its deadline; return the ids it settled."""
     settled = []
     for action in store.expired_actions(action_ids):
+        won: Task | Run | None
         if action.on_timeout == "cancel" and action.task_id is not None:
             won = store.expire_and_cancel(action.task_id, action.run_id, action.id)
             if won:
@@ -953,7 +977,7 @@ def delete_conversation(conversation_id: str) -> None:
     store.delete_tree(conversation_id)
 
 
-def delete_owned_by(user) -> None:
+def delete_owned_by(user: Any) -> None:
     """Delete every conversation tree a user owns, stopping their work (before the user goes)."""
     roots = Conversation.objects.filter(owner=user, parent__isnull=True).values_list(
         "id", flat=True
@@ -965,16 +989,16 @@ def delete_owned_by(user) -> None:
 # --- convenience for site code ---------------------------------------------------------------
 
 
-def record_progress(run_id: str, state) -> None:
+def record_progress(run_id: str, state: Any) -> None:
     """Record a run's progress state (tools, API, stream and admin show it rendered)."""
     run = Run.objects.select_related("task").filter(pk=run_id).first()
     if run is None:
         raise RunNotFound()
-    rendered = progress_line(run.task, run=_with_progress(run, state)) if run.task_id else ""
+    rendered = progress_line(run.task, run=_with_progress(run, state)) if run.task else ""
     store.record_progress(run_id, state, rendered)
 
 
-def _with_progress(run: Run, state) -> Run:
+def _with_progress(run: Run, state: Any) -> Run:
     run.progress = state
     return run
 
@@ -982,19 +1006,25 @@ def _with_progress(run: Run, state) -> Run:
 # --- conversations and their messages ---------------------------------------------------------
 
 
-def create_conversation(*, owner, agent_id: str, title: str = "", metadata=None) -> Conversation:
+def create_conversation(
+    *, owner: Owner, agent_id: str, title: str = "", metadata: dict[str, Any] | None = None
+) -> Conversation:
     """Create a visible conversation of an agent; its first message starts a run."""
     registry.get(agent_id)
     return store.create_conversation(owner=owner, agent=agent_id, title=title, metadata=metadata)
 
 
-def update_conversation(conversation_id: str, **changes) -> Conversation:
+def update_conversation(conversation_id: str, **changes: Any) -> Conversation:
     """Change a conversation's `title` and/or client `metadata` (see store.update_conversation)."""
     return store.update_conversation(conversation_id, **changes)
 
 
 def post_message(
-    conversation_id: str, content: str, *, metadata: dict[str, Any] | None = None, files=None
+    conversation_id: str,
+    content: str,
+    *,
+    metadata: dict[str, Any] | None = None,
+    files: list[Any] | None = None,
 ) -> tuple[Run, object]:
     """Start a run of a conversation's agent on a user message (a conversation without a task).
 
@@ -1031,6 +1061,6 @@ def resume_if_settled(conversation_id: str | None) -> None:
     if won is None:
         return
     logger.info("delegation.resume_caller run=%s conversation=%s", won.id, conversation_id)
-    if won.task_id is not None:
+    if won.task is not None:
         announce(won.task)
     _launch_durable(won.id)

@@ -85,7 +85,7 @@ def _load_tool(agent_id: str, entry) -> ToolSpec:
     meta.update({k: v for k, v in entry.items() if k != "path"})
     doc = (func.__doc__ or "").strip().splitlines()
     spec = ToolSpec(
-        name=meta.get("name") or getattr(func, "__name__", ""),
+        name=str(meta.get("name") or getattr(func, "__name__", "")),
         description=meta.get("description", doc[0] if doc else "") or "",
         parameters=meta.get("parameters") or dict(DEFAULT_PARAMETERS),
         func=func,

@@ -192,7 +192,7 @@ class ToolSpec:
             "parameters": self.parameters,
         }
         if self.strict:
-            function["strict"] = True
+            function["strict"] = True  # type: ignore[assignment]
         return {"type": "function", "function": function}
 
     def call(self, arguments, tool_call_id: str = "", *, ctx=None) -> ToolResult:

@@ -2,10 +2,17 @@
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
-    from .models import Task
+    from django.contrib.auth.base_user import AbstractBaseUser  # noqa: F401 (used in an alias)
+
+    from .models import Conversation, Task  # noqa: F401 (Conversation is used in an alias)
+
+# A conversation, or its id.
+ConversationRef: TypeAlias = "Conversation | str"
+# A task's owner: a user, or None for the anonymous principal.
+Owner: TypeAlias = "AbstractBaseUser | None"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The operator overview: what is running, what failed, stale leases, and a day of endings."""
 
 from datetime import timedelta
+from typing import Any
 
 from django.db.models import Count, F, Q
 from django.db.models.functions import TruncHour
@@ -93,7 +94,7 @@ def chart(now) -> dict:
     # Hours are cut in the current time zone, as TruncHour cuts them.
     end = timezone.localtime(now).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     start = end - timedelta(hours=HOURS)
-    hours = [
+    hours: list[dict[str, Any]] = [
         {"start": start + timedelta(hours=i), "counts": dict.fromkeys(CHART_STATUSES, 0)}
         for i in range(HOURS)
     ]

@@ -4,6 +4,7 @@ import logging
 from dataclasses import dataclass
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseBadRequest, HttpResponseNotAllowed
@@ -226,7 +227,7 @@ class TaskAdmin(ReadOnlyAdmin):
                 "opts": self.opts,
                 "operation": op,
                 "tasks": tasks,
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             }
             return TemplateResponse(request, "agenttasks/admin/confirm_operation.html", context)
         op.report(tasks).send(request)

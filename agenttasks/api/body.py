@@ -9,6 +9,8 @@ checks, the serializers and the database adapters all recurse).
 """
 
 import json
+from collections.abc import Iterable
+from typing import Any
 
 from rest_framework.parsers import BaseParser
 
@@ -110,6 +112,7 @@ def too_deep(data: dict, limit: int) -> str | None:
     stack = [(value, 2, key) for key, value in data.items()]
     while stack:
         value, depth, key = stack.pop()
+        children: Iterable[Any]
         if isinstance(value, dict):
             children = value.values()
         elif isinstance(value, list):

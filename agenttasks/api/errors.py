@@ -103,11 +103,12 @@ def _translate(exc, context) -> ApiError | None:
             else str(exc.detail)
         )
         headers = {}
-        if getattr(exc, "auth_header", None):
-            headers["WWW-Authenticate"] = exc.auth_header
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            headers["WWW-Authenticate"] = auth_header
         return ApiError(401, "identity_required", message, headers=headers)
     if isinstance(exc, exceptions.Throttled):
-        wait = max(1, math.ceil(exc.wait or 1))
+        wait = max(1, math.ceil(getattr(exc, "wait", None) or 1))
         return ApiError(
             429,
             "rate_limited",

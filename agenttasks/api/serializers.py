@@ -7,6 +7,7 @@ their declared fields are the OpenAPI component schemas (Task, Run, Event, …).
 """
 
 import json
+from typing import Any
 
 from rest_framework import serializers
 
@@ -33,7 +34,7 @@ MESSAGE_TYPES = {
     "message.assistant": "assistant",
     "task.notification": "notification",
 }
-TRIGGER_NAMES = {RunTrigger.INITIAL: "create"}
+TRIGGER_NAMES: dict[str, str] = {RunTrigger.INITIAL: "create"}
 TASK_STATUSES = list(TaskStatus.values)
 
 
@@ -167,7 +168,7 @@ class FileInputSerializer(serializers.Serializer):
 class TaskCreateSerializer(Body):
     agentId = serializers.CharField(help_text="An agent exposed over REST.")
     input = serializers.CharField()
-    label = serializers.CharField(required=False, min_length=1, max_length=200)
+    label = serializers.CharField(required=False, min_length=1, max_length=200)  # type: ignore[assignment]  # the field is named by the contract
     files = FileInputSerializer(many=True, required=False)
     callbackUrl = serializers.CharField(required=False, max_length=2000)
     metadata = serializers.DictField(required=False)
@@ -339,7 +340,7 @@ def _answer(value, at: str):
             return None
         if free is not None and not isinstance(free, str):
             return None
-        out = {"values": [v for v in values if v]}
+        out: dict[str, Any] = {"values": [v for v in values if v]}
         if free:
             out["freeText"] = free
         return out
@@ -430,7 +431,7 @@ class TaskSerializer(Shape):
     userId = serializers.CharField(required=False)
     status = serializers.ChoiceField(choices=TASK_STATUSES)
     input = serializers.CharField()
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # the field is named by the contract
     kind = serializers.CharField(required=False)
     conversationId = serializers.CharField()
     parentConversationId = serializers.CharField(required=False)
@@ -451,7 +452,7 @@ class TaskSerializer(Shape):
     @staticmethod
     def present(task: Task, files=None) -> dict:
         """The task's REST shape; `files` are its File rows when the caller already has them."""
-        out = {"id": task.id, "agentId": task.agent}
+        out: dict[str, Any] = {"id": task.id, "agentId": task.agent}
         if task.owner_id is not None:
             out["userId"] = str(task.owner_id)
         out.update({"status": task.status, "input": task.input, "label": task.label})
@@ -517,7 +518,7 @@ class TaskResultSerializer(Shape):
     taskId = serializers.CharField()
     runId = serializers.CharField()
     content = serializers.CharField(allow_blank=True)
-    partial = serializers.BooleanField()
+    partial = serializers.BooleanField()  # type: ignore[assignment]  # the field is named by the contract
     files = FileRefSerializer(many=True, required=False)
     metadata = serializers.DictField()
     usage = UsageSerializer(required=False)
@@ -540,7 +541,7 @@ class TaskResultSerializer(Shape):
 
 
 class QuestionOptionSerializer(serializers.Serializer):
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # the field is named by the contract
     value = serializers.CharField()
     description = serializers.CharField(required=False)
 
@@ -551,7 +552,7 @@ class QuestionSerializer(serializers.Serializer):
     header = serializers.CharField(required=False)
     options = QuestionOptionSerializer(many=True, required=False)
     multiSelect = serializers.BooleanField()
-    required = serializers.BooleanField()
+    required = serializers.BooleanField()  # type: ignore[assignment]  # the field is named by the contract
     allowFreeText = serializers.BooleanField()
 
 
@@ -615,7 +616,7 @@ class CommentSerializer(Shape):
 
     @staticmethod
     def present(comment: Comment) -> dict:
-        out = {
+        out: dict[str, Any] = {
             "id": comment.id,
             "taskId": comment.task_id,
             "role": comment.role,
@@ -643,7 +644,7 @@ class ConversationSerializer(Shape):
 
     @staticmethod
     def present(conversation: Conversation) -> dict:
-        out = {"id": conversation.id, "agentId": conversation.agent}
+        out: dict[str, Any] = {"id": conversation.id, "agentId": conversation.agent}
         if conversation.owner_id is not None:
             out["userId"] = str(conversation.owner_id)
         _put(out, "title", conversation.title)
@@ -732,7 +733,7 @@ class EventSerializer(Shape):
     type = serializers.CharField(help_text="One of: " + ", ".join(EVENT_TYPES))
     runId = serializers.CharField(required=False)
     taskId = serializers.CharField(required=False)
-    data = serializers.DictField()
+    data = serializers.DictField()  # type: ignore[assignment]  # the field is named by the contract
     createdAt = serializers.DateTimeField()
 
     @staticmethod
@@ -771,7 +772,7 @@ class RunSerializer(Shape):
 
     @staticmethod
     def present(run: Run) -> dict:
-        out = {"id": run.id, "conversationId": run.conversation_id}
+        out: dict[str, Any] = {"id": run.id, "conversationId": run.conversation_id}
         _put(out, "taskId", run.task_id)
         out.update(
             {

@@ -10,6 +10,7 @@ nothing.
 
 import math
 import re
+from typing import Any
 from urllib.parse import quote
 
 from django.core.handlers.asgi import ASGIRequest
@@ -203,7 +204,7 @@ def check_files(agent, uploads, existing: int = 0) -> dict:
 
 
 def task_detail(task: Task) -> dict:
-    out = {"task": s.TaskSerializer.present(task)}
+    out: dict[str, Any] = {"task": s.TaskSerializer.present(task)}
     result = getattr(task, "task_result", None)
     if result is not None:
         out["result"] = s.TaskResultSerializer.present(result)
@@ -876,18 +877,18 @@ class ActionView(ApiView):
 # --- files -----------------------------------------------------------------------------------
 
 
-class FileMixin:
-    def file(self, file_id: str) -> File:
-        row = None
-        if _plain(file_id):
-            row = File.objects.filter(pk=file_id, conversation__deleting_at__isnull=True).first()
-        if row is None:
-            raise errors.not_found(f"File not found: {file_id}")
-        check_owner(self.request, row.owner_id, "file")
-        return row
+def readable_file(request, file_id: str) -> File:
+    """The file the caller may read (404 for an unknown id, 403 for another owner's file)."""
+    row = None
+    if _plain(file_id):
+        row = File.objects.filter(pk=file_id, conversation__deleting_at__isnull=True).first()
+    if row is None:
+        raise errors.not_found(f"File not found: {file_id}")
+    check_owner(request, row.owner_id, "file")
+    return row
 
 
-class FileView(FileMixin, ApiView):
+class FileView(ApiView):
     @extend_schema(
         operation_id="getFile",
         tags=["Files"],
@@ -895,10 +896,10 @@ class FileView(FileMixin, ApiView):
         responses={200: s.FileEnvelopeSerializer, **_errors(403, 404)},
     )
     def get(self, request, fileId):
-        return Response({"file": s.FileSerializer.present(self.file(fileId))})
+        return Response({"file": s.FileSerializer.present(readable_file(request, fileId))})
 
 
-class FileContentView(FileMixin, ApiView):
+class FileContentView(ApiView):
     @extend_schema(
         operation_id="getFileContent",
         tags=["Files"],
@@ -909,7 +910,7 @@ class FileContentView(FileMixin, ApiView):
         },
     )
     def get(self, request, fileId):
-        row = self.file(fileId)
+        row = readable_file(request, fileId)
         try:
             handle = files.open_bytes(row)
         except FileNotFoundError:

@@ -4,6 +4,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import NoReturn
 
 from django.utils import timezone
 
@@ -139,7 +140,7 @@ class RunContext:
         # The driver's `execute_inline(run_id, depth=, callers=)`: how the `task` tool executes a
         # child's run in this thread. Handed down, since the driver imports the runtimes.
         self.execute_inline = execute_inline
-        self._window = None
+        self._window: Window | None = None
         self._stopped_for_caller = False
         self._asks = 0
 
@@ -362,7 +363,7 @@ class RunContext:
         self.stop.set("now" if current is None else current)
         return self.stop.value
 
-    def _pause(self, request) -> None:
+    def _pause(self, request) -> NoReturn:
         if self.read_stop_request() == "after_turn":
             raise GracefulStop()
         self.check_cancelled()

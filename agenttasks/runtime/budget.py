@@ -7,6 +7,7 @@ its own window and, at once, in every caller window above it.
 import re
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +142,7 @@ class Window:
 class Budget:
     """A run's own window and its callers' windows above it (nearest first)."""
 
-    def __init__(self, own: Window, callers: list[Window] = ()):
+    def __init__(self, own: Window, callers: Sequence[Window] = ()):
         self.own = own
         self.callers = list(callers)
 

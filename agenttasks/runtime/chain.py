@@ -45,7 +45,7 @@ def detached_callers(ctx) -> list[CallerLink]:
     """
     if ctx.task is None or ctx.task.kind != DELEGATE:
         return []
-    links = []
+    links: list[CallerLink] = []
     caller = ctx.task.parent_conversation_id
     while caller and len(links) < int(app_settings.DELEGATION_MAX_DEPTH) + 1:
         run = Run.objects.filter(conversation_id=caller).order_by("-created_at", "-id").first()

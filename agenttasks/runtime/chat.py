@@ -49,12 +49,12 @@ def toolset(ctx: RunContext) -> dict[str, ToolSpec]:
     return tools
 
 
-def checked_arguments(name: str, raw, parameters: dict) -> tuple[dict | None, str]:
-    """Decode and check a call's arguments (docs/delegation.md#executing-a-responses-calls): (args, "") or (None, the error text)."""
+def checked_arguments(name: str, raw, parameters: dict) -> tuple[dict, str]:
+    """Decode and check a call's arguments (docs/delegation.md#executing-a-responses-calls): (args, "") or ({}, the error text)."""
     try:
         return check_arguments(decode_arguments(raw), parameters), ""
     except InvalidArguments as exc:
-        return None, exc.chat_text(name)
+        return {}, exc.chat_text(name)
 
 
 # --- the transcript (docs/delegation.md#the-transcript) ---------------------------------------
@@ -74,7 +74,7 @@ def transcript(conversation_id: str, system_prompt: str) -> tuple[list[dict], li
         conversation_id=conversation_id, type__in=TRANSCRIPT_TYPES
     ).order_by("seq")
     entries: list = []  # a message, or an assistant slot: (message, run_id, calls, results)
-    slot_of: dict[str, tuple] = {}
+    slot_of: dict[str, tuple[dict, str, list, dict]] = {}
     for event in events:
         data = event.data or {}
         if event.type in ("message.user", "task.notification"):
@@ -84,16 +84,16 @@ def transcript(conversation_id: str, system_prompt: str) -> tuple[list[dict], li
             calls = data.get("toolCalls") or []
             if calls:
                 message["tool_calls"] = calls
-                slot = (message, event.run_id, calls, {})
+                slot: tuple[dict, str, list, dict] = (message, event.run_id or "", calls, {})
                 entries.append(slot)
                 for call in calls:
                     slot_of[call["id"]] = slot
             else:
                 entries.append(message)
         else:  # tool.result: it goes after its assistant message, whenever it was appended
-            slot = slot_of.get(data.get("toolCallId"))
-            if slot is not None:
-                slot[3].setdefault(
+            owner = slot_of.get(data.get("toolCallId") or "")
+            if owner is not None:
+                owner[3].setdefault(
                     data["toolCallId"],
                     {
                         "role": "tool",

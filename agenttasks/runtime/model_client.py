@@ -314,7 +314,7 @@ class ModelClient:
                 self._timed_out(cut)
         if isinstance(exchange.error, httpx.TimeoutException):
             self._timed_out(cut)
-        if exchange.error is not None:
+        if exchange.error is not None or exchange.response is None:
             raise ModelError(f"Model server unreachable: {exchange.error}", retryable=True)
         return parse_response(exchange.response)
 

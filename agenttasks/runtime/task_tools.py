@@ -240,7 +240,8 @@ class _Session:
 
 def task_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:
     """Return spawn_task, task_status, task_retry and task_stop bound to a conversation and run."""
-    session = _Session(getattr(conversation, "pk", conversation), run, stop_check)
+    conversation_id = None if conversation is None else lifecycle.conversation_id_of(conversation)
+    session = _Session(conversation_id, run, stop_check)
     return [
         ToolSpec(name, description, parameters, body, strict=True)
         for name, description, parameters, body in (
