@@ -75,6 +75,12 @@ def _answers(httpx, port) -> bool:
         return False
 
 
+def _completed(data: str) -> bool:
+    """Whether an SSE data line is the task's change to completed."""
+    event = json.loads(data)
+    return isinstance(event, dict) and (event.get("data") or event).get("to") == "completed"
+
+
 def measure(k: int, port: int) -> dict[str, list[float]]:
     import httpx
     from rest_framework.authtoken.models import Token
@@ -126,11 +132,18 @@ def measure(k: int, port: int) -> dict[str, list[float]]:
                     client.get(f"{base}/tasks/{task_id}/wait?timeout=30", headers=headers)
                     returned["wait"] = time.time()
 
-                def stream(conversation_id=task.conversation_id, returned=returned):
+                listening = threading.Event()
+
+                def stream(
+                    conversation_id=task.conversation_id, returned=returned, listening=listening
+                ):
                     url = f"{base}/conversations/{conversation_id}/events/stream?until=terminal"
                     with client.stream("GET", url, headers=headers) as response:
+                        response.raise_for_status()
                         for line in response.iter_lines():
-                            if line.startswith("data:") and '"to":"completed"' in line:
+                            if line == "event: snapshot":
+                                listening.set()
+                            if line.startswith("data:") and _completed(line[5:]):
                                 returned["sse"] = time.time()
                                 return
 
@@ -139,6 +152,8 @@ def measure(k: int, port: int) -> dict[str, list[float]]:
                     thread.start()
                 waiter.stdin.write(task.id + "\n")
                 waiter.stdin.flush()
+                if not listening.wait(30):
+                    raise SystemExit("the SSE stream did not start")
                 time.sleep(0.3)  # let every waiter block before the ending is committed
                 lifecycle.on_run_finished(
                     task.conversation_id,
