@@ -1,9 +1,13 @@
 """Shared setup for the benchmarks: a PostgreSQL bench database and a cluster subprocess."""
 
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -110,7 +114,37 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def post_tasks(port: int, token: str, n: int, clients: int = 8) -> float:
-    """Create `n` echo tasks through POST /tasks from `clients` threads; return the seconds."""
+    """Create `n` echo tasks through POST /tasks from `clients` connections; return the seconds.
+
+    With ApacheBench (`ab`, Debian's apache2-utils) when it is installed: a C client leaves the
+    two cores to the server and the database. Otherwise `clients` Python threads with httpx.
+    """
+    if shutil.which("ab"):
+        return _ab_post(port, token, n, clients)
+    return _httpx_post(port, token, n, clients)
+
+
+def _ab_post(port: int, token: str, n: int, clients: int) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as body:
+        json.dump({"agentId": "echo", "input": "m"}, body)
+        body.flush()
+        return ab_seconds(f"http://127.0.0.1:{port}/api/agents/tasks", token, n, clients, body.name)
+
+
+def ab_seconds(url: str, token: str, n: int, clients: int, body: str | None = None) -> float:
+    """Send `n` requests (a POST of the JSON file `body`, else a GET) with ab; return the seconds."""
+    command = ["ab", "-q", "-n", str(n), "-c", str(clients), "-H", f"Authorization: Token {token}"]
+    if body is not None:
+        command += ["-p", body, "-T", "application/json"]
+    out = subprocess.run([*command, url], capture_output=True, text=True, check=True).stdout
+    failed = re.search(r"Failed requests:\s+(\d+)", out)
+    taken = re.search(r"Time taken for tests:\s+([\d.]+)", out)
+    if (failed and int(failed.group(1))) or "Non-2xx" in out or taken is None:
+        raise SystemExit(f"requests failed:\n{out}")
+    return float(taken.group(1))
+
+
+def _httpx_post(port: int, token: str, n: int, clients: int) -> float:
     import httpx
 
     url = f"http://127.0.0.1:{port}/api/agents/tasks"

@@ -7,20 +7,32 @@ the floor of any request through Django, DRF and the token lookup.
 """
 
 import argparse
+import shutil
 import threading
 import time
 
-from common import WEB_WORKERS, bench_user, clean, post_tasks, serve, setup_django, stop
+from common import (
+    WEB_WORKERS,
+    ab_seconds,
+    bench_user,
+    clean,
+    post_tasks,
+    serve,
+    setup_django,
+    stop,
+)
 
 SERVED = f"gunicorn, {WEB_WORKERS} workers x 4 threads"
 PORT = 8768
 
 
 def get_agents(port: int, token: str, n: int, clients: int = 8) -> float:
-    """Answer `n` GET /agents from `clients` threads; return the seconds."""
+    """Answer `n` GET /agents from `clients` connections (as post_tasks sends); return the seconds."""
     import httpx
 
     url = f"http://127.0.0.1:{port}/api/agents/agents"
+    if shutil.which("ab"):
+        return ab_seconds(url, token, n, clients)
     headers = {"Authorization": f"Token {token}"}
 
     def read() -> None:

@@ -4,11 +4,14 @@ Each step is timed N times on PostgreSQL with the django-q2 broker as configured
 writes the first run's job), with the SQL statements it sends. `--profile` prints where the time
 of one step goes (cProfile, by internal time).
 
-    .venv/bin/python bench/inprocess.py --n 500 [--profile]
+    .venv/bin/python bench/inprocess.py --n 500 [--profile] [--json]
+
+DB_SERVER_SIDE_BINDING=1 measures it with psycopg's server-side binding (prepared statements).
 """
 
 import argparse
 import cProfile
+import json
 import pstats
 import statistics
 import time
@@ -81,9 +84,14 @@ def main() -> None:
     )
     parser.add_argument("--n", type=int, default=500)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     args = parser.parse_args()
     setup_django()
-    for step, (ms, count) in measure(args.n).items():
+    figures = measure(args.n)
+    if args.json:
+        print(json.dumps(figures))
+        return
+    for step, (ms, count) in figures.items():
         print(f"  {step:<20} median {ms:6.2f} ms  {count} statements")
     if args.profile:
         profile(args.n)

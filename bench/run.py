@@ -46,6 +46,19 @@ def throughput(n: int, broker: str) -> tuple[float, float]:
     return base, ours
 
 
+def in_process_bound(n: int) -> dict[str, list]:
+    """The in-process figures with psycopg's server-side binding, in a subprocess."""
+    output = subprocess.run(
+        [sys.executable, "inprocess.py", f"--n={n}", "--json"],
+        cwd=HERE,
+        env={**os.environ, "DB_SERVER_SIDE_BINDING": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -79,6 +92,8 @@ def main() -> None:
                 "goal <= 3 ms",
             )
         )
+    for step, (ms, _) in in_process_bound(steps).items():
+        rows.append((f"  the same with server_side_binding: {step}", f"{ms:.2f} ms", "", ""))
     rate, base = creates.measure(n)
     rows.append(
         (

@@ -65,6 +65,7 @@ TEMPLATES = [
 
 
 POOLED = os.environ.get("DB_POOL") == "1"
+SERVER_SIDE_BINDING = os.environ.get("DB_SERVER_SIDE_BINDING") == "1"
 
 
 def database_from_url(url: str) -> dict:
@@ -84,7 +85,12 @@ def database_from_url(url: str) -> dict:
         # be left behind by each; there DB_POOL=1 uses Django's connection pool instead.
         "CONN_MAX_AGE": 0 if POOLED else 60,
         "CONN_HEALTH_CHECKS": not POOLED,
-        "OPTIONS": {"pool": {"min_size": 2, "max_size": 20, "timeout": 30}} if POOLED else {},
+        "OPTIONS": {
+            **({"pool": {"min_size": 2, "max_size": 20, "timeout": 30}} if POOLED else {}),
+            # DB_SERVER_SIDE_BINDING=1: psycopg 3 binds parameters on the server (prepared
+            # statements); measured by `make bench` (the README's Performance section).
+            **({"server_side_binding": True} if SERVER_SIDE_BINDING else {}),
+        },
         "TEST": {"NAME": "test_" + unquote(parts.path.lstrip("/"))},
     }
 
