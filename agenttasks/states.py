@@ -82,7 +82,6 @@ S = TaskStatus
 
 TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED})
 LIVE = frozenset({S.PENDING, S.RUNNING, S.WAITING_FOR_INPUT})
-WORKING = frozenset({S.PENDING, S.RUNNING})
 
 RUN_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED})
