@@ -21,7 +21,7 @@ $(VENV)/.demo: pyproject.toml
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[postgres,redis]" --group dev
+	$(PY) -m pip install -q -e ".[postgres,redis,a2a]" --group dev
 	touch $@ $(VENV)/.demo
 
 install-demo: $(VENV)/.demo
