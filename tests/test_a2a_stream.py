@@ -14,6 +14,7 @@ from .a2a_support import (  # noqa: F401  (fixtures)
     BINDINGS,
     State,
     alice,
+    asgi_peer,
     cluster,
     peer,
     server,
@@ -157,3 +158,16 @@ def test_push_config_create_get_list_delete(peer, cluster, receiver, binding, se
     with pytest.raises(TaskNotFoundError):
         client.get_config(task.id, "mine")
     assert [c.id for c in client.list_configs(task.id).configs] == [other.id]
+
+
+def test_streams_under_asgi(asgi_peer, cluster):
+    streamed = asgi_peer("slow", BINDINGS[0]).stream(
+        text_message("nap"), metadata={"seconds": 1, "steps": 2}
+    )
+    assert progress_of(streamed) == ["step 1/2 (sleep)", "step 2/2 (sleep)"]
+    assert streamed[-1].status_update.status.state == State.TASK_STATE_COMPLETED
+    client = asgi_peer("slow", BINDINGS[1])
+    task = client.send(text_message("nap"), immediately=True, metadata={"seconds": 3})
+    followed = client.subscribe(task.id)
+    assert kinds(followed)[0] == "task"
+    assert followed[-1].status_update.status.state == State.TASK_STATE_COMPLETED
