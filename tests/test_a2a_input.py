@@ -185,3 +185,19 @@ def message_json(text, **fields) -> dict:
         "parts": [{"text": text}],
         **fields,
     }
+
+
+def test_malformed_bodies(server, alice, cluster):
+    headers = {"Authorization": f"Token {alice.token}", "Content-Type": "application/json"}
+    root = card_url(server, "echo")
+    rpc_answer = httpx.post(root + "/", content=b"{not json", headers=headers)
+    assert rpc_answer.status_code == 200 and rpc_answer.json()["error"]["code"] == -32700
+    rest_answer = httpx.post(root + "/rest/message:send", content=b"{not json", headers=headers)
+    assert rest_answer.status_code == 400
+    assert rest_answer.json()["error"]["details"][0]["reason"] == "INVALID_REQUEST"
+    old = httpx.post(
+        root + "/",
+        json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}},
+        headers={**headers, "A2A-Version": "0.3"},
+    )
+    assert old.json()["error"]["code"] == -32009

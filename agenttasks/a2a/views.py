@@ -12,12 +12,12 @@ import json
 import logging
 import math
 
-from a2a.server.request_handlers.response_helpers import build_error_response
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import A2A_JSON_MEDIA_TYPE, VERSION_HEADER
-from a2a.utils.error_handlers import build_rest_error_payload
+from a2a.utils.error_handlers import build_error_details, build_rest_error_payload
 from a2a.utils.errors import (
     A2A_ERROR_MAPPING,
+    JSON_RPC_ERROR_CODE_MAP,
     A2AError,
     ExtendedAgentCardNotConfiguredError,
     InternalError,
@@ -70,6 +70,13 @@ def agent_root(request, agent_id: str) -> str:
     marker = f"/a2a/{agent_id}"
     path = request.path
     return request.build_absolute_uri(path[: path.index(marker) + len(marker)])
+
+
+def build_error_response(request_id, error: A2AError) -> dict:
+    """A JSON-RPC error response: the protocol's code, and an ErrorInfo naming the error."""
+    body = {"code": JSON_RPC_ERROR_CODE_MAP.get(type(error), -32603), "message": error.message}
+    body["data"] = build_error_details(error)
+    return {"jsonrpc": "2.0", "id": request_id, "error": body}
 
 
 def _json(value) -> str:
@@ -332,6 +339,8 @@ class RestView(A2AView):
     http_method_names = ["get", "post", "delete"]
 
     def a2a_error(self, error):
+        if isinstance(error, JSONParseError):  # JSON-RPC's own code; here a bad request
+            error = InvalidRequestError(error.message)
         mapping = A2A_ERROR_MAPPING.get(type(error))
         status = mapping.http_code if mapping else 500
         return HttpResponse(
