@@ -147,3 +147,14 @@ def test_isolation_unknown_ids_and_anonymous(peer, alice, bob, cluster, binding,
     settings.AGENTTASKS = {**settings.AGENTTASKS, "ALLOW_ANONYMOUS": True}
     task = anonymous.send(text_message("hi"), immediately=True)
     assert Task.objects.get(pk=task.id).owner_id is None
+
+
+def test_the_readme_client_example_runs(server, alice, cluster, capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## A2A\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace("http://127.0.0.1:8000", server).replace("<key>", alice.token)
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "TASK_STATE_COMPLETED Echo: hi"
