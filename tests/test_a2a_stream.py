@@ -2,12 +2,13 @@
 """A2A SendStreamingMessage, SubscribeToTask and push notifications (docs/a2a.md#streaming,
 docs/a2a.md#push-notifications), with the real a2a-sdk client on both bindings."""
 
+import httpx
 import pytest
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedOperationError
 from google.protobuf import json_format
 
-from agenttasks.models import Event, Task
+from agenttasks.models import A2AContext, A2APushConfig, Event, Task
 
 from .a2a_support import (  # noqa: F401  (fixtures)
     ALLOW_LOOPBACK,
@@ -158,6 +159,13 @@ def test_push_config_create_get_list_delete(peer, cluster, receiver, binding, se
     with pytest.raises(TaskNotFoundError):
         client.get_config(task.id, "mine")
     assert [c.id for c in client.list_configs(task.id).configs] == [other.id]
+    # Deleting the task's conversation (REST) takes its A2A rows with it.
+    conversation = Task.objects.get(pk=task.id).conversation_id
+    gone = httpx.delete(
+        f"{client.server}/api/agents/conversations/{conversation}", headers=client.headers()
+    )
+    assert gone.status_code == 204
+    assert not A2APushConfig.objects.exists() and not A2AContext.objects.exists()
 
 
 def test_streams_under_asgi(asgi_peer, cluster):
@@ -171,3 +179,35 @@ def test_streams_under_asgi(asgi_peer, cluster):
     followed = client.subscribe(task.id)
     assert kinds(followed)[0] == "task"
     assert followed[-1].status_update.status.state == State.TASK_STATE_COMPLETED
+
+
+def test_push_delivery_is_retried_with_backoff_then_deduplicated(alice, receiver, settings):
+    from agenttasks import lifecycle, store
+    from agenttasks.a2a import push
+    from agenttasks.models import A2APushConfig
+
+    settings.AGENTTASKS = {**settings.AGENTTASKS, **ALLOW_LOOPBACK}
+    task = lifecycle.create(owner=alice, agent_id="echo", input="x")
+    config = A2APushConfig.objects.create(task=task, url=receiver.url, auth_scheme="Bearer")
+    store.claim(task.run_id, "w")
+    store.finalize(task.id, task.run_id, "completed", result="ok")
+    version = Task.objects.get(pk=task.id).version
+    pauses = []
+    original = push.time.sleep
+    push.time.sleep = pauses.append
+    try:
+        receiver.status = 503
+        outcomes = push.deliver(config.pk, "completed", version)
+        assert [o["attempt"] for o in outcomes] == [1, 2, 3]
+        assert pauses == [1.0, 2.0] and len(receiver.requests) == 3
+        # The same ending again (a job delivered twice) sends nothing.
+        assert push.deliver(config.pk, "completed", version) == []
+        receiver.status = 404  # a refusal that retrying cannot fix: one attempt
+        config.delivered_version = 0
+        config.save()
+        assert len(push.deliver(config.pk, "completed", version)) == 1
+    finally:
+        push.time.sleep = original
+    failed = Event.objects.filter(conversation_id=task.conversation_id, type="callback.failed")
+    assert [e.data["httpStatus"] for e in failed.order_by("seq")] == [503, 503, 503, 404]
+    assert receiver.requests[0]["headers"]["Authorization"] == "Bearer"
