@@ -10,6 +10,7 @@
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
@@ -22,7 +23,7 @@ from ..api.serializers import pending_actions
 from ..models import A2AContext, Event, Task, TaskResult
 from ..states import TaskStatus
 
-STATES = {
+STATES: dict[str, Any] = {
     TaskStatus.PENDING: pb.TASK_STATE_SUBMITTED,
     TaskStatus.RUNNING: pb.TASK_STATE_WORKING,
     TaskStatus.WAITING_FOR_INPUT: pb.TASK_STATE_INPUT_REQUIRED,
@@ -31,14 +32,14 @@ STATES = {
     TaskStatus.CANCELLED: pb.TASK_STATE_CANCELED,
 }
 # ListTasks' status filter, back to the statuses it means.
-STATUSES_OF = {}
+STATUSES_OF: dict[Any, list[str]] = {}
 for _status, _state in STATES.items():
     STATUSES_OF.setdefault(_state, []).append(_status)
 ROLES = {"message.user": pb.ROLE_USER, "message.assistant": pb.ROLE_AGENT}
 ACTIONS_KEY = "pendingActions"
 
 
-def state_of(status: str) -> int:
+def state_of(status: str) -> Any:
     return STATES[TaskStatus(status)]
 
 
@@ -208,7 +209,8 @@ def task_message(
     with_artifacts: bool = True,
 ) -> pb.Task:
     """An agenttasks task as an A2A Task."""
-    meta = {"agentId": task.agent, "conversationId": task.conversation_id, "runId": task.run_id}
+    meta: dict[str, Any] = {"agentId": task.agent, "conversationId": task.conversation_id}
+    meta["runId"] = task.run_id
     meta["attempt"] = task.attempt_no()
     if task.label:
         meta["label"] = task.label

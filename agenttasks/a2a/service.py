@@ -8,6 +8,7 @@ raises one of the SDK's A2A errors. Nothing here writes a status: the lifecycle 
 import base64
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE, MAX_LIST_TASKS_PAGE_SIZE
@@ -45,8 +46,8 @@ NO = {"no", "n", "deny", "denied", "reject", "false"}
 class Call:
     """One A2A request: who asks, of which agent, and the app's absolute mount URL."""
 
-    request: object
-    agent: object
+    request: Any
+    agent: Any
     mount_url: str
 
     @property
@@ -243,7 +244,7 @@ def answer(call: Call, task: Task, incoming) -> Task:
         action_id = body.get("actionId") if isinstance(body, dict) else None
         if action_id is None and len(actions) == 1:
             action_id = next(iter(actions))
-        action = actions.get(action_id)
+        action = actions.get(str(action_id))
         if action is None:
             raise InvalidParamsError(
                 "Name the action you answer (actionId): one of " + ", ".join(sorted(actions))
@@ -258,7 +259,7 @@ def answer(call: Call, task: Task, incoming) -> Task:
 
 def _answers(incoming, actions: list[PendingAction]) -> list[dict]:
     """The answer objects a message carries (`{"actionId"?, "approved"?, "comment"?, "answers"?}`)."""
-    out = []
+    out: list[dict] = []
     for data in incoming.data:
         listed = isinstance(data, dict) and isinstance(data.get("actions"), list)
         items = data["actions"] if listed else [data]

@@ -102,11 +102,12 @@ def translate(exc) -> Exception:
             else str(exc.detail)
         )
         headers = {}
-        if getattr(exc, "auth_header", None):
-            headers["WWW-Authenticate"] = exc.auth_header
+        challenge = getattr(exc, "auth_header", None)
+        if challenge:
+            headers["WWW-Authenticate"] = challenge
         return HttpRefusal(401, message, headers)
     if isinstance(exc, exceptions.Throttled):
-        wait = max(1, math.ceil(exc.wait or 1))
+        wait = max(1, math.ceil(getattr(exc, "wait", None) or 1))
         return HttpRefusal(
             429, f"Request was throttled; try again in {wait} seconds", {"Retry-After": str(wait)}
         )
@@ -305,10 +306,10 @@ class JsonRpcView(A2AView):
                 raise UnsupportedOperationError(f"Task {task.id} has ended ({task.status})")
             task_id = task.id
         else:
-            _, task = service.send(self.call, req)
-            if task is None:  # rejected: the one event is the task
-                return self._single(_)
-            task_id = task.id
+            answer, created = service.send(self.call, req)
+            if created is None:  # rejected: the one event is the task
+                return self._single(answer)
+            task_id = created.id
         request_id = self.request_id
 
         def frame(result: dict) -> str:
@@ -388,11 +389,11 @@ class RestView(A2AView):
         if self.op == "send":
             return self.answer(service.send_message(self.call, self.read(pb.SendMessageRequest)))
         if self.op == "stream":
-            _, task = service.send(self.call, self.read(pb.SendMessageRequest))
-            if task is None:
-                result = json_format.MessageToDict(pb.StreamResponse(task=_))
+            answer, created = service.send(self.call, self.read(pb.SendMessageRequest))
+            if created is None:
+                result = json_format.MessageToDict(pb.StreamResponse(task=answer))
                 return HttpResponse(f"data: {_json(result)}\n\n", content_type="text/event-stream")
-            return self.streaming(task.id, self.frame, self.error_frame)
+            return self.streaming(created.id, self.frame, self.error_frame)
         if self.op == "cancel":
             self.read(pb.CancelTaskRequest)
             return self.answer(service.cancel_task(self.call, pb.CancelTaskRequest(id=taskId)))
