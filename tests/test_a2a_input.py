@@ -127,12 +127,19 @@ def test_the_rest_limits_apply(peer, cluster, binding, settings):
         client.send(text_message("y" * 300), immediately=True)
 
 
-def test_throttled_writes_are_429(peer, cluster, settings):
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_the_read_and_write_throttles(peer, cluster, settings, binding):
     settings.AGENTTASKS = {**settings.AGENTTASKS, "THROTTLE_RATES": {"write": "1/min"}}
-    client = peer("echo", JSONRPC)
-    client.send(text_message("one"), immediately=True)
+    client = peer("echo", binding)
+    task = client.send(text_message("one"), immediately=True)
     with pytest.raises(Exception, match="429"):
         client.send(text_message("two"), immediately=True)
+    # Reading is the `read` scope on both bindings (a JSON-RPC GetTask is not a write).
+    assert client.get(task.id).id == task.id
+    settings.AGENTTASKS = {**settings.AGENTTASKS, "THROTTLE_RATES": {"read": "1/min"}}
+    client.get(task.id)
+    with pytest.raises(Exception, match="429"):
+        client.get(task.id)
 
 
 def rpc(server, token, agent, method, params):

@@ -38,11 +38,28 @@ TOKEN_HEADER = "X-A2A-Notification-Token"
 
 def check_url(url: str) -> None:
     """Refuse a push URL the callbacks guard would refuse (syntax, port, address)."""
+    if "\x00" in url:
+        raise InvalidParamsError("url must be an http or https URL")
     try:
         callbacks.check_syntax(url)
         callbacks.check_address(url)
     except callbacks.CallbackURLError as exc:
         raise InvalidParamsError(str(exc).replace("callbackUrl", "url")) from None
+
+
+LIMITS = {"id": 200, "token": 2000, "scheme": 100, "credentials": 4000}
+
+
+def check_fields(config: pb.TaskPushNotificationConfig) -> None:
+    values = {
+        "id": config.id,
+        "token": config.token,
+        "scheme": config.authentication.scheme,
+        "credentials": config.authentication.credentials,
+    }
+    for name, text in values.items():
+        if len(text) > LIMITS[name] or "\x00" in text:
+            raise InvalidParamsError(f"{name} must be at most {LIMITS[name]} characters, no NUL")
 
 
 def store_config(task: Task, config: pb.TaskPushNotificationConfig) -> A2APushConfig:

@@ -157,6 +157,7 @@ def _push_config(req: pb.SendMessageRequest):
     from . import push
 
     push.check_url(config.url)
+    push.check_fields(config)
     return config
 
 
@@ -181,6 +182,8 @@ def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, T
     metadata = _metadata(req)
     push_config = _push_config(req)
     context_id = req.message.context_id
+    if len(context_id) > 200 or "\x00" in context_id:
+        raise InvalidParamsError("contextId must be at most 200 characters, without NUL")
     owner = call.user
 
     def before_commit(task):
@@ -386,6 +389,7 @@ def create_push_config(
 
     task = find_task(call, req.task_id)
     push.check_url(req.url)
+    push.check_fields(req)
     with transaction.atomic():
         row = push.store_config(task, req)
     return push.present(row)

@@ -44,7 +44,7 @@ from ..api import body as api_body
 from ..api import errors as api_errors
 from ..api import slots
 from ..api.permissions import IdentityRequired
-from ..api.throttling import throttles_for
+from ..api.throttling import ScopeThrottle, throttles_for
 from ..api.views import FirstRenderer
 from ..conf import app_settings
 from ..exceptions import TaskError
@@ -259,6 +259,15 @@ STREAMING = {
     "SendStreamingMessage": pb.SendMessageRequest,
     "SubscribeToTask": pb.SubscribeToTaskRequest,
 }
+# Methods that only read: the `read` throttle, as GET is over REST; every other is a write.
+READS = {
+    "GetTask",
+    "ListTasks",
+    "SubscribeToTask",
+    "GetTaskPushNotificationConfig",
+    "ListTaskPushNotificationConfigs",
+    "GetExtendedAgentCard",
+}
 
 
 def parse(cls, params):
@@ -277,8 +286,23 @@ class JsonRpcView(A2AView):
     def a2a_error(self, error):
         return JsonResponse(build_error_response(self.request_id, error))
 
+    def check_throttles(self, request):
+        # The body is read first to learn the method (its refusal waits until after the throttle).
+        try:
+            self.body, self.body_error = api_body.parse(request), None
+        except api_errors.ApiError as exc:
+            self.body, self.body_error = None, exc
+        super().check_throttles(request)
+
+    def get_throttles(self):
+        data = self.body if isinstance(getattr(self, "body", None), dict) else {}
+        scope = "read" if data.get("method") in READS else "write"
+        return [ScopeThrottle(scope)] if (app_settings.THROTTLE_RATES or {}).get(scope) else []
+
     def post(self, request, agentId):
-        data = api_body.parse(request)
+        if self.body_error is not None:
+            raise self.body_error
+        data = self.body
         if data is None:
             raise InvalidRequestError("The body must be a JSON-RPC 2.0 request")
         self.request_id = data.get("id") if isinstance(data.get("id"), (str, int)) else None
