@@ -65,7 +65,7 @@ def test_stream_a_slow_task(peer, cluster, binding):
 @pytest.mark.parametrize("binding", BINDINGS)
 def test_subscribe_mid_run(peer, cluster, binding):
     client = peer("slow", binding)
-    task = client.send(text_message("nap"), immediately=True, metadata={"seconds": 2, "steps": 2})
+    task = client.send(text_message("nap"), immediately=True, metadata={"seconds": 3, "steps": 2})
     wait_for(
         lambda: Task.objects.get(pk=task.id).status == "running",
         timeout=30,
@@ -89,6 +89,13 @@ def test_stream_closes_at_input_required(peer, cluster, binding):
     last = events[-1].status_update
     assert last.status.state == State.TASK_STATE_INPUT_REQUIRED
     assert text_of(last.status.message.parts) == "Which format?"
+    # The answer streams too: from the task as the answer left it to its ending.
+    answered = client.stream(text_message("HTML", task_id=last.task_id))
+    assert kinds(answered)[0] == "task" and answered[0].task.id == last.task_id
+    assert answered[0].task.status.state != State.TASK_STATE_INPUT_REQUIRED
+    (artifact,) = [e.artifact_update for e in answered if e.HasField("artifact_update")]
+    assert text_of(artifact.artifact.parts) == "format: HTML"
+    assert answered[-1].status_update.status.state == State.TASK_STATE_COMPLETED
 
 
 def push_config(receiver, task_id="", config_id="") -> pb.TaskPushNotificationConfig:

@@ -31,7 +31,7 @@ from ..api import slots
 from ..api.permissions import owner_id, user_of
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
-from ..models import A2AContext, A2APushConfig, PendingAction, Task
+from ..models import A2AContext, A2APushConfig, Conversation, PendingAction, Task
 from ..states import LIVE, TERMINAL, TaskStatus
 from . import mapping
 
@@ -94,7 +94,17 @@ def reload(task_id: str) -> Task:
 # --- SendMessage -----------------------------------------------------------------------------
 
 
-def send(call: Call, req: pb.SendMessageRequest) -> tuple[pb.Task, Task | None]:
+@dataclass
+class Sent:
+    """A task as a SendMessage left it (`task` None: rejected), and the log position a stream
+    of it follows from (so that nothing the worker wrote meanwhile is missed)."""
+
+    message: pb.Task
+    task: Task | None
+    after: int = 0
+
+
+def send(call: Call, req: pb.SendMessageRequest) -> Sent:
     """Create a task, or answer the one named by `taskId`; return it as written (no wait)."""
     message = req.message
     if not message.parts:
@@ -102,13 +112,21 @@ def send(call: Call, req: pb.SendMessageRequest) -> tuple[pb.Task, Task | None]:
     incoming = mapping.read(message)
     if message.task_id:
         task = find_task(call, message.task_id)
-        return call.present(answer(call, task, incoming)), reload(task.id)
-    return create(call, req, incoming)
+        after = (
+            Conversation.objects.filter(pk=task.conversation_id)
+            .values_list("last_seq", flat=True)
+            .first()
+        )
+        answered = answer(call, task, incoming)
+        return Sent(call.present(answered), answered, after or 0)
+    task_message, created = create(call, req, incoming)
+    return Sent(task_message, created, 0)  # a new conversation: follow it from its start
 
 
 def send_message(call: Call, req: pb.SendMessageRequest) -> pb.SendMessageResponse:
     """SendMessage: blocking until a terminal or interrupted state unless returnImmediately."""
-    task_message, task = send(call, req)
+    sent = send(call, req)
+    task_message, task = sent.message, sent.task
     if task is not None and not req.configuration.return_immediately:
         task = wait(call, task.id)
         task_message = call.present(task, _history_length(req.configuration))

@@ -35,9 +35,10 @@ BATCH = 200
 class TaskFollower:
     """What one stream has sent of one task, and how to read what comes next."""
 
-    def __init__(self, call, task_id: str, held=None, client_fd=None):
+    def __init__(self, call, task_id: str, held=None, client_fd=None, sent=None):
         self.call = call
         self.task_id = task_id
+        self.sent = sent  # SendStreamingMessage: the task as sent, and where its log resumes
         self.held = held or slots.Held(None, "", 0)
         self.client_fd = client_fd
         self.done = False
@@ -47,7 +48,16 @@ class TaskFollower:
         self._renewed = self._client_checked = time.monotonic()
 
     def first(self) -> dict:
-        """The Task as it is now; the log is followed from here."""
+        """The Task as it is now (or as the message left it); the log is followed from here."""
+        if self.sent is not None:
+            self.conversation_id = (
+                Task.objects.filter(pk=self.task_id).values_list("conversation_id", flat=True).get()
+            )
+            self.last = self.sent.after
+            self.context_id = self.sent.message.context_id
+            if self.sent.task.status in ENDS:
+                self.done = True
+            return self._dict(pb.StreamResponse(task=self.sent.message))
         task = Task.objects.select_related("run").get(pk=self.task_id)
         self.conversation_id = task.conversation_id
         self.last = (
@@ -98,6 +108,8 @@ class TaskFollower:
             return [self._status(status, meta)]
         if event.type != "task.status" or data.get("to") not in mapping.STATES:
             return []
+        if "from" not in data:
+            return []  # the creation: the first event (the Task) already says SUBMITTED
         to = data["to"]
         task = Task.objects.select_related("run").get(pk=self.task_id)
         out = []

@@ -191,7 +191,7 @@ class A2AView(APIView):
     def a2a_error(self, error: A2AError) -> HttpResponse:  # pragma: no cover - per binding
         raise NotImplementedError
 
-    def streaming(self, task_id: str, frame, error_frame):
+    def streaming(self, task_id: str, frame, error_frame, sent=None):
         held = slots.take(
             self.request,
             slots.STREAM,
@@ -200,7 +200,7 @@ class A2AView(APIView):
         )
         asgi = isinstance(self.request._request, ASGIRequest)
         client = None if asgi else slots.client_socket(self.request._request)
-        follower = stream.TaskFollower(self.call, task_id, held=held, client_fd=client)
+        follower = stream.TaskFollower(self.call, task_id, held=held, client_fd=client, sent=sent)
         driver = stream.async_frames if asgi else stream.sync_frames
         return stream.FollowResponse(driver(follower, frame, error_frame), follower)
 
@@ -324,16 +324,17 @@ class JsonRpcView(A2AView):
         return JsonResponse({"jsonrpc": "2.0", "id": self.request_id, "result": out})
 
     def stream(self, method: str, req):
+        sent = None
         if method == "SubscribeToTask":
             task = service.find_task(self.call, req.id)
             if task.status in stream.ENDS - {"waiting_for_input"}:
                 raise UnsupportedOperationError(f"Task {task.id} has ended ({task.status})")
             task_id = task.id
         else:
-            answer, created = service.send(self.call, req)
-            if created is None:  # rejected: the one event is the task
-                return self._single(answer)
-            task_id = created.id
+            sent = service.send(self.call, req)
+            if sent.task is None:  # rejected: the one event is the task
+                return self._single(sent.message)
+            task_id = sent.task.id
         request_id = self.request_id
 
         def frame(result: dict) -> str:
@@ -345,7 +346,7 @@ class JsonRpcView(A2AView):
                 error = InternalError("An unexpected error occurred")
             return f"event: error\ndata: {_json(build_error_response(request_id, error))}\n\n"
 
-        return self.streaming(task_id, frame, error_frame)
+        return self.streaming(task_id, frame, error_frame, sent)
 
     def _single(self, task_message):
         result = json_format.MessageToDict(pb.StreamResponse(task=task_message))
@@ -413,11 +414,11 @@ class RestView(A2AView):
         if self.op == "send":
             return self.answer(service.send_message(self.call, self.read(pb.SendMessageRequest)))
         if self.op == "stream":
-            answer, created = service.send(self.call, self.read(pb.SendMessageRequest))
-            if created is None:
-                result = json_format.MessageToDict(pb.StreamResponse(task=answer))
+            sent = service.send(self.call, self.read(pb.SendMessageRequest))
+            if sent.task is None:
+                result = json_format.MessageToDict(pb.StreamResponse(task=sent.message))
                 return HttpResponse(f"data: {_json(result)}\n\n", content_type="text/event-stream")
-            return self.streaming(created.id, self.frame, self.error_frame)
+            return self.streaming(sent.task.id, self.frame, self.error_frame, sent)
         if self.op == "cancel":
             self.read(pb.CancelTaskRequest)
             return self.answer(service.cancel_task(self.call, pb.CancelTaskRequest(id=taskId)))
