@@ -218,3 +218,25 @@ def test_push_delivery_is_retried_with_backoff_then_deduplicated(alice, receiver
     failed = Event.objects.filter(conversation_id=task.conversation_id, type="callback.failed")
     assert [e.data["httpStatus"] for e in failed.order_by("seq")] == [503, 503, 503, 404]
     assert receiver.requests[0]["headers"]["Authorization"] == "Bearer"
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_open_streams_are_capped_before_anything_is_sent(peer, cluster, settings, binding):
+    import threading
+
+    from agenttasks.models import Slot
+
+    settings.AGENTTASKS = {**settings.AGENTTASKS, "MAX_STREAMS_PER_USER": 1}
+    client = peer("slow", binding)
+    task = client.send(text_message("hold"), immediately=True, metadata={"seconds": 60})
+    followed = []
+    thread = threading.Thread(target=lambda: followed.append(client.subscribe(task.id)))
+    thread.start()
+    wait_for(lambda: Slot.objects.filter(key__startswith="stream:").exists(), message="a stream")
+    with pytest.raises(Exception, match="429"):
+        client.stream(text_message("more"))
+    assert Task.objects.count() == 1  # the refused stream created nothing
+    client.cancel(task.id)
+    thread.join(30)
+    assert followed[0][-1].status_update.status.state == State.TASK_STATE_CANCELED
+    wait_for(lambda: not Slot.objects.exists(), message="the place given back")

@@ -191,13 +191,27 @@ class A2AView(APIView):
     def a2a_error(self, error: A2AError) -> HttpResponse:  # pragma: no cover - per binding
         raise NotImplementedError
 
-    def streaming(self, task_id: str, frame, error_frame, sent=None):
-        held = slots.take(
+    def stream_place(self):
+        """One of the user's MAX_STREAMS_PER_USER places (429 when all are held), taken before
+        a streamed message creates or answers anything."""
+        return slots.take(
             self.request,
             slots.STREAM,
             app_settings.MAX_STREAMS_PER_USER,
             app_settings.SLOT_LEASE_SECONDS,
         )
+
+    def send_streamed(self, req):
+        """Send a message for a stream: (held place, Sent); the place is given back on a refusal."""
+        held = self.stream_place()
+        try:
+            return held, service.send(self.call, req)
+        except BaseException:
+            held.release()
+            raise
+
+    def streaming(self, task_id: str, frame, error_frame, sent=None, held=None):
+        held = held if held is not None else self.stream_place()
         asgi = isinstance(self.request._request, ASGIRequest)
         client = None if asgi else slots.client_socket(self.request._request)
         follower = stream.TaskFollower(self.call, task_id, held=held, client_fd=client, sent=sent)
@@ -324,15 +338,16 @@ class JsonRpcView(A2AView):
         return JsonResponse({"jsonrpc": "2.0", "id": self.request_id, "result": out})
 
     def stream(self, method: str, req):
-        sent = None
+        sent = held = None
         if method == "SubscribeToTask":
             task = service.find_task(self.call, req.id)
             if task.status in stream.ENDS - {"waiting_for_input"}:
                 raise UnsupportedOperationError(f"Task {task.id} has ended ({task.status})")
             task_id = task.id
         else:
-            sent = service.send(self.call, req)
+            held, sent = self.send_streamed(req)
             if sent.task is None:  # rejected: the one event is the task
+                held.release()
                 return self._single(sent.message)
             task_id = sent.task.id
         request_id = self.request_id
@@ -346,7 +361,7 @@ class JsonRpcView(A2AView):
                 error = InternalError("An unexpected error occurred")
             return f"event: error\ndata: {_json(build_error_response(request_id, error))}\n\n"
 
-        return self.streaming(task_id, frame, error_frame, sent)
+        return self.streaming(task_id, frame, error_frame, sent, held)
 
     def _single(self, task_message):
         result = json_format.MessageToDict(pb.StreamResponse(task=task_message))
@@ -414,11 +429,12 @@ class RestView(A2AView):
         if self.op == "send":
             return self.answer(service.send_message(self.call, self.read(pb.SendMessageRequest)))
         if self.op == "stream":
-            sent = service.send(self.call, self.read(pb.SendMessageRequest))
+            held, sent = self.send_streamed(self.read(pb.SendMessageRequest))
             if sent.task is None:
+                held.release()
                 result = json_format.MessageToDict(pb.StreamResponse(task=sent.message))
                 return HttpResponse(f"data: {_json(result)}\n\n", content_type="text/event-stream")
-            return self.streaming(sent.task.id, self.frame, self.error_frame, sent)
+            return self.streaming(sent.task.id, self.frame, self.error_frame, sent, held)
         if self.op == "cancel":
             self.read(pb.CancelTaskRequest)
             return self.answer(service.cancel_task(self.call, pb.CancelTaskRequest(id=taskId)))
