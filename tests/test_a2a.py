@@ -158,3 +158,29 @@ def test_the_readme_client_example_runs(server, alice, cluster, capsys):
     code = code.replace("http://127.0.0.1:8000", server).replace("<key>", alice.token)
     exec(compile(code, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "TASK_STATE_COMPLETED Echo: hi"
+
+
+def test_without_the_extra_the_app_loads_and_serves_no_a2a_route():
+    import os
+    import subprocess
+    import sys
+
+    from .cluster import ROOT
+
+    script = (
+        "import sys; sys.modules['a2a'] = None\n"  # as if a2a-sdk were not installed
+        "import django; django.setup()\n"
+        "from django.urls import resolve\n"
+        "from agenttasks import a2a, models\n"
+        "print(a2a.available(), resolve('/api/agents/a2a/echo/').url_name)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "route-not-found"]
