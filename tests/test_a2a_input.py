@@ -183,6 +183,8 @@ def test_protocol_error_codes_on_both_bindings(server, alice, bob, cluster):
     assert status_and_reason("POST", "/message:send", link) == (400, "CONTENT_TYPE_NOT_SUPPORTED")
     anonymous = httpx.get(rest + f"/tasks/{task_id}")
     assert anonymous.status_code == 401
+    assert httpx.get(card_url(server, "echo") + "/", headers=headers).status_code == 405
+    assert httpx.put(rest + f"/tasks/{task_id}", headers=headers).status_code == 405
 
 
 def message_json(text, **fields) -> dict:

@@ -134,7 +134,7 @@ def translate(exc) -> Exception:
             return HttpRefusal(429, exc.api_message())
         return UnsupportedOperationError(exc.api_message())
     if isinstance(exc, exceptions.MethodNotAllowed):
-        return MethodNotFoundError(str(exc.detail))
+        return HttpRefusal(405, str(exc.detail))
     logger.error("a2a.internal_error", exc_info=(type(exc), exc, exc.__traceback__))
     return InternalError("An unexpected error occurred")
 
@@ -220,9 +220,12 @@ class A2AView(APIView):
 
 
 def _grpc(status: int) -> str:
-    return {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}.get(
-        status, "RESOURCE_EXHAUSTED" if status == 429 else "INVALID_ARGUMENT"
-    )
+    return {
+        401: "UNAUTHENTICATED",
+        403: "PERMISSION_DENIED",
+        404: "NOT_FOUND",
+        405: "UNIMPLEMENTED",
+    }.get(status, "RESOURCE_EXHAUSTED" if status == 429 else "INVALID_ARGUMENT")
 
 
 # --- the Agent Card ----------------------------------------------------------------------------
