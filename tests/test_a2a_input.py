@@ -119,6 +119,7 @@ def test_the_rest_limits_apply(peer, cluster, binding, settings):
     running = client.send(text_message("hold"), immediately=True, metadata={"seconds": 30})
     refused = client.send(text_message("more"), immediately=True)
     assert refused.status.state == State.TASK_STATE_REJECTED
+    assert refused.id.startswith("task_") and refused.context_id.startswith("ctx_")
     assert "active" in text_of(refused.status.message.parts).lower()
     assert Task.objects.count() == 1
     client.cancel(running.id)

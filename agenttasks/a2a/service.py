@@ -24,7 +24,7 @@ from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 from google.protobuf import json_format
 
-from .. import callbacks, files, lifecycle
+from .. import callbacks, files, ids, lifecycle
 from ..api import errors as api_errors
 from ..api import serializers as s
 from ..api import slots
@@ -234,7 +234,8 @@ def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, T
             if exc.status_code >= 500:
                 raise
             reason = exc.api_message() if hasattr(exc, "api_message") else str(exc)
-            return mapping.rejected(reason, context_id, req.message), None
+            context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
+            return mapping.rejected(reason, context, req.message), None
         except callbacks.CallbackURLError as exc:
             raise InvalidParamsError(str(exc)) from None
     return call.present(reload(task.id)), task
