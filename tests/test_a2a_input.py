@@ -211,3 +211,27 @@ def test_malformed_bodies(server, alice, cluster):
         headers={**headers, "A2A-Version": "0.3"},
     )
     assert old.json()["error"]["code"] == -32009
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"message": "x"},
+        {"message": {"parts": [{"raw": "!!!"}]}},
+        {"message": {"role": "ROLE_USER", "parts": []}},
+        {"message": {"parts": [{"text": "a\u0000b"}]}},
+        {"message": {"parts": [{"text": "hi"}], "contextId": "c" * 201}},
+        {"message": {"parts": [{"text": "hi"}]}, "metadata": {"k": "\u0000"}},
+        {"message": {"parts": [{"text": "hi"}], "taskId": "task_\u0000"}},
+        {"message": {"parts": [{"raw": "aGk=", "mediaType": "not a type"}]}},
+        {
+            "message": {"parts": [{"text": "hi"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": "ftp://x"}},
+        },
+        [1, 2],
+    ],
+)
+def test_malformed_params_are_protocol_errors_and_write_nothing(server, alice, params):
+    answer = rpc(server, alice.token, "docs", "SendMessage", params)
+    assert answer["error"]["code"] in (-32602, -32600, -32001, -32005), answer
+    assert not Task.objects.exists()
