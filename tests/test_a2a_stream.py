@@ -240,3 +240,23 @@ def test_open_streams_are_capped_before_anything_is_sent(peer, cluster, settings
     thread.join(30)
     assert followed[0][-1].status_update.status.state == State.TASK_STATE_CANCELED
     wait_for(lambda: not Slot.objects.exists(), message="the place given back")
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_push_notification_of_input_required(peer, cluster, receiver, binding, settings):
+    settings.AGENTTASKS = {**settings.AGENTTASKS, **ALLOW_LOOPBACK}
+    client = peer("asker", binding)
+    task = client.send(text_message("report"), immediately=True, push=push_config(receiver))
+
+    def pushed():
+        for request in receiver.requests:
+            update = json_format.ParseDict(request["json"], pb.StreamResponse()).status_update
+            if update.status.state == State.TASK_STATE_INPUT_REQUIRED:
+                return update
+        return None
+
+    update = wait_for(pushed, timeout=30, interval=0.1, message="the input-required push")
+    assert update.task_id == task.id
+    assert text_of(update.status.message.parts) == "Which format?"
+    (data,) = [p for p in update.status.message.parts if p.WhichOneof("content") == "data"]
+    assert json_format.MessageToDict(data.data)["pendingActions"][0]["kind"] == "question"
