@@ -10,18 +10,18 @@ BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 
 .PHONY: install install-demo run test test-sqlite test-postgres lint typecheck fuzz bench clean
 
-# What the demo needs (the app, psycopg for DATABASE_URL=postgres://…).
+# What the demo needs (the app, psycopg for DATABASE_URL=postgres://…, a2a-sdk for its A2A servers).
 $(VENV)/.demo: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[postgres]"
+	$(PY) -m pip install -q -e ".[postgres,a2a]"
 	touch $@
 
 # The development tools too (pytest, ruff, playwright, schemathesis, uvicorn).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[postgres,redis]" --group dev
+	$(PY) -m pip install -q -e ".[postgres,redis,a2a]" --group dev
 	touch $@ $(VENV)/.demo
 
 install-demo: $(VENV)/.demo

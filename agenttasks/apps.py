@@ -33,3 +33,11 @@ class AgentTasksConfig(AppConfig):
 
         # Each django-q2 worker process runs the reaper at start and then every REAP_INTERVAL.
         queue.on_worker_start(reaper.start_ticker)
+
+        # A2A push notifications follow every task update (docs/a2a.md), with the `a2a` extra.
+        from .a2a import available
+
+        if available():
+            from .a2a import push
+
+            push.connect()

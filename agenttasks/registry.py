@@ -47,6 +47,7 @@ class AgentDef:
     files: dict | None = None
     model_params: dict = field(default_factory=dict)
     expose: bool = True
+    a2a: bool = True  # served over the Agent2Agent protocol (docs/a2a.md); False opts out
     metadata: dict = field(default_factory=dict)
 
     def snapshot(self) -> dict:
@@ -197,6 +198,7 @@ def build(agent_id: str, **fields) -> AgentDef:
         files=fields.get("files"),
         model_params=model_params,
         expose=fields.get("expose", True),
+        a2a=bool(fields.get("a2a", True)),
         metadata=dict(fields.get("metadata") or {}),
     )
 

@@ -30,10 +30,17 @@ def gate(ctx):
 
 
 def slow(ctx):
+    """Sleep metadata.seconds; with metadata.steps, report that many progress steps evenly."""
     seconds = float(ctx.metadata.get("seconds", 1))
-    deadline = time.monotonic() + seconds
+    steps = int(ctx.metadata.get("steps", 0))
+    started = time.monotonic()
+    deadline = started + seconds
+    reported = 0
     while time.monotonic() < deadline:
         ctx.check_cancelled()
+        if reported < steps and time.monotonic() - started >= reported * seconds / steps:
+            reported += 1
+            ctx.progress({"step": reported, "of": steps, "name": "sleep"})
         time.sleep(0.05)
     return Reply(content=f"Slept {format(seconds, 'g')}s")
 

@@ -11,6 +11,7 @@ from django.http import HttpResponse
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
+from ..a2a import available as a2a_available
 from . import errors, schema, views
 
 ROUTES = [
@@ -59,8 +60,12 @@ urlpatterns = [
         for r, view, name in ROUTES
     ),
     re_path(r"^docs/assets/(?P<name>[^/]+)/?$", schema.AssetView.as_view(), name="docs-asset"),
-    re_path(r"^", route_not_found, name="route-not-found"),
 ]
+if a2a_available():  # the A2A servers (docs/a2a.md), with the `a2a` extra installed
+    from ..a2a.urls import urlpatterns as a2a_patterns
+
+    urlpatterns += a2a_patterns
+urlpatterns.append(re_path(r"^", route_not_found, name="route-not-found"))
 
 schema_patterns = [
     path(re.sub(r"<(\w+)>", r"<str:\1>", r), view.as_view()) for r, view, _ in ROUTES

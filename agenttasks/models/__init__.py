@@ -1,5 +1,6 @@
 """The data model: conversations and their event log, tasks, runs, actions, wake-ups, files."""
 
+from ..a2a.models import A2AContext, A2APushConfig
 from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
@@ -9,6 +10,8 @@ from .task import Comment, Task, TaskResult
 from .wakeup import Wakeup
 
 __all__ = [
+    "A2AContext",
+    "A2APushConfig",
     "RESERVED_METADATA",
     "Comment",
     "Conversation",

@@ -1,0 +1,295 @@
+"""agenttasks ⇄ A2A 1.0, built with the a2a-sdk's protobuf types (docs/a2a.md#mapping).
+
+- statuses: pending → SUBMITTED, running → WORKING, waiting_for_input → INPUT_REQUIRED (the
+  pending actions in the status message, as a data part a client answers), completed →
+  COMPLETED, failed → FAILED, cancelled → CANCELED; a task refused at creation is REJECTED;
+- the result is an artifact (a text part, and a file part for each result file);
+- the conversation's messages are `history`, those of the earlier tasks of the context first;
+- `contextId` is the A2A context a task was created in, or its conversation id.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
+from django.utils import timezone
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct, Value
+
+from .. import files, lifecycle
+from ..api.serializers import pending_actions
+from ..models import A2AContext, Event, Task, TaskResult
+from ..states import TaskStatus
+
+STATES: dict[str, Any] = {
+    TaskStatus.PENDING: pb.TASK_STATE_SUBMITTED,
+    TaskStatus.RUNNING: pb.TASK_STATE_WORKING,
+    TaskStatus.WAITING_FOR_INPUT: pb.TASK_STATE_INPUT_REQUIRED,
+    TaskStatus.COMPLETED: pb.TASK_STATE_COMPLETED,
+    TaskStatus.FAILED: pb.TASK_STATE_FAILED,
+    TaskStatus.CANCELLED: pb.TASK_STATE_CANCELED,
+}
+# ListTasks' status filter, back to the statuses it means.
+STATUSES_OF: dict[Any, list[str]] = {}
+for _status, _state in STATES.items():
+    STATUSES_OF.setdefault(_state, []).append(_status)
+ROLES = {"message.user": pb.ROLE_USER, "message.assistant": pb.ROLE_AGENT}
+ACTIONS_KEY = "pendingActions"
+
+
+def state_of(status: str) -> Any:
+    return STATES[TaskStatus(status)]
+
+
+def value(data) -> Value:
+    """A JSON value as a protobuf Value."""
+    return json_format.ParseDict(data, Value())
+
+
+def struct(data: dict) -> Struct:
+    out = Struct()
+    out.update(data)
+    return out
+
+
+def text_part(text: str) -> pb.Part:
+    return pb.Part(text=text)
+
+
+def file_part(ref: dict, base_url: str | None) -> pb.Part | None:
+    """A stored file as a part that points to its content (the same auth as REST reads it)."""
+    if not base_url or not isinstance(ref, dict) or not ref.get("id"):
+        return None
+    return pb.Part(
+        url=f"{base_url}/files/{ref['id']}/content",
+        filename=ref.get("name") or "",
+        media_type=ref.get("mimeType") or "",
+    )
+
+
+# --- contexts ----------------------------------------------------------------------------------
+
+
+def contexts_of(tasks) -> dict[str, str]:
+    """The contextId of each task (its A2A context, or its own conversation id)."""
+    tasks = list(tasks)
+    linked = dict(
+        A2AContext.objects.filter(task_id__in=[t.id for t in tasks]).values_list(
+            "task_id", "context_id"
+        )
+    )
+    return {t.id: linked.get(t.id, t.conversation_id) for t in tasks}
+
+
+def context_tasks(task: Task, context_id: str) -> list[Task]:
+    """The tasks of the context up to this one, oldest first, of the same owner."""
+    rows = Task.objects.filter(
+        owner_id=task.owner_id,
+        a2a_context__context_id=context_id,
+        conversation__deleting_at__isnull=True,
+        created_at__lte=task.created_at,
+    ).order_by("created_at", "id")
+    tasks = [t for t in rows if t.id != task.id]
+    return [*tasks, task]
+
+
+# --- reading a task ----------------------------------------------------------------------------
+
+
+def latest_reply(task: Task) -> str:
+    event = (
+        Event.objects.filter(
+            conversation_id=task.conversation_id, type="message.assistant", run_id=task.run_id
+        )
+        .exclude(data__content=None)
+        .order_by("-seq")
+        .first()
+    )
+    return ((event.data or {}).get("content") or "") if event is not None else ""
+
+
+def action_text(action: dict) -> str:
+    if action.get("kind") == "question":
+        return "\n".join(q.get("question", "") for q in action.get("questions") or [])
+    return action.get("prompt") or f"Approve {action.get('toolName', 'this action')}?"
+
+
+def status_message(task: Task, context_id: str) -> pb.Message | None:
+    """What the status says in words: the question asked, the error, the progress."""
+    parts = []
+    if task.status == TaskStatus.WAITING_FOR_INPUT:
+        actions = pending_actions(task.conversation_id, run_id=task.run_id)
+        if actions:
+            parts.append(text_part("\n".join(action_text(a) for a in actions)))
+            parts.append(pb.Part(data=value({ACTIONS_KEY: actions})))
+        else:  # a legacy clarification: the agent's reply is the question
+            parts.append(text_part(latest_reply(task) or "The agent needs more input."))
+    elif task.status == TaskStatus.FAILED and task.error:
+        parts.append(text_part(task.error))
+    elif task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
+        progress = lifecycle.progress_line(task)
+        if progress:
+            parts.append(text_part(progress))
+    if not parts:
+        return None
+    return pb.Message(
+        message_id=f"{task.id}-v{task.version}",
+        context_id=context_id,
+        task_id=task.id,
+        role=pb.ROLE_AGENT,
+        parts=parts,
+    )
+
+
+def status(task: Task, context_id: str) -> pb.TaskStatus:
+    out = pb.TaskStatus(state=state_of(task.status))
+    message = status_message(task, context_id)
+    if message is not None:
+        out.message.CopyFrom(message)
+    out.timestamp.FromDatetime(task.updated_at or timezone.now())
+    return out
+
+
+def artifacts(task: Task, base_url: str | None) -> list[pb.Artifact]:
+    """The task's result as an artifact: its text, and its files."""
+    result = TaskResult.objects.filter(task_id=task.id).first()
+    if result is None:
+        return []
+    parts = [text_part(result.content or "")]
+    parts.extend(p for p in (file_part(f, base_url) for f in result.files or []) if p)
+    return [
+        pb.Artifact(
+            artifact_id=result.id,
+            name="result",
+            parts=parts,
+            metadata=struct({"runId": result.run_id, "partial": result.partial}),
+        )
+    ]
+
+
+def history(task: Task, context_id: str, base_url: str | None, length=None) -> list[pb.Message]:
+    """The messages of the context's tasks up to this one (the last `length` of them)."""
+    if length == 0:
+        return []
+    tasks = context_tasks(task, context_id)
+    order = {t.conversation_id: (i, t.id) for i, t in enumerate(tasks)}
+    rows = (
+        Event.objects.filter(conversation_id__in=list(order), type__in=list(ROLES))
+        .exclude(type="message.assistant", data__content=None)
+        .order_by("seq")
+    )
+    events = sorted(rows, key=lambda e: (order[e.conversation_id][0], e.seq))
+    if length is not None:
+        events = events[-length:]
+    out = []
+    for event in events:
+        data = event.data or {}
+        parts = [text_part(data.get("content") or "")]
+        parts.extend(p for p in (file_part(f, base_url) for f in data.get("files") or []) if p)
+        out.append(
+            pb.Message(
+                message_id=event.id,
+                context_id=context_id,
+                task_id=order[event.conversation_id][1],
+                role=ROLES[event.type],
+                parts=parts,
+            )
+        )
+    return out
+
+
+def task_message(
+    task: Task,
+    context_id: str,
+    *,
+    base_url: str | None,
+    history_length: int | None = None,
+    with_artifacts: bool = True,
+) -> pb.Task:
+    """An agenttasks task as an A2A Task."""
+    meta: dict[str, Any] = {"agentId": task.agent, "conversationId": task.conversation_id}
+    meta["runId"] = task.run_id
+    meta["attempt"] = task.attempt_no()
+    if task.label:
+        meta["label"] = task.label
+    out = pb.Task(
+        id=task.id,
+        context_id=context_id,
+        status=status(task, context_id),
+        history=history(task, context_id, base_url, history_length),
+        metadata=struct(meta),
+    )
+    if with_artifacts:
+        out.artifacts.extend(artifacts(task, base_url))
+    return out
+
+
+def rejected(reason: str, context_id: str, message: pb.Message) -> pb.Task:
+    """A task refused at creation (nothing was written): REJECTED, with the reason."""
+    from ..ids import new_task_id
+
+    task_id = new_task_id()
+    out = pb.Task(id=task_id, context_id=context_id)
+    out.status.state = pb.TASK_STATE_REJECTED
+    out.status.message.CopyFrom(
+        pb.Message(
+            message_id=f"{task_id}-rejected",
+            context_id=context_id,
+            task_id=task_id,
+            role=pb.ROLE_AGENT,
+            parts=[text_part(reason)],
+        )
+    )
+    out.status.timestamp.FromDatetime(timezone.now())
+    out.history.append(message)
+    return out
+
+
+# --- reading a message -------------------------------------------------------------------------
+
+
+@dataclass
+class Incoming:
+    """A message's parts as agenttasks takes them."""
+
+    text: str = ""
+    uploads: list = field(default_factory=list)
+    data: list = field(default_factory=list)
+
+
+def read(message: pb.Message) -> Incoming:
+    """Text parts are the input, raw file parts become task files, data parts are kept apart.
+
+    A file part by URL is refused: the server does not fetch what a client points to.
+    """
+    out = Incoming()
+    texts = []
+    for i, part in enumerate(message.parts):
+        kind = part.WhichOneof("content")
+        if kind == "text":
+            texts.append(part.text)
+        elif kind == "raw":
+            name = files.clean_name(part.filename or "") or f"file-{i + 1}"
+            mime = files.clean_mime_type(part.media_type or "application/octet-stream")
+            if mime is None:
+                raise InvalidParamsError(f"parts[{i}].mediaType must look like type/subtype")
+            out.uploads.append(
+                files.Upload(index=i, name=name[: files.MAX_NAME], mime_type=mime, content=part.raw)
+            )
+        elif kind == "url":
+            raise ContentTypeNotSupportedError(
+                f"parts[{i}]: file parts by URL are not supported; send the bytes (raw)"
+            )
+        elif kind == "data":
+            out.data.append(json_format.MessageToDict(part.data))
+    out.text = "\n\n".join(t for t in texts if t)
+    return out
+
+
+def input_text(incoming: Incoming) -> str:
+    """A new task's input: the text, and any data parts as JSON after it."""
+    chunks = [incoming.text] if incoming.text else []
+    chunks += [json.dumps(d, ensure_ascii=False, separators=(",", ":")) for d in incoming.data]
+    return "\n\n".join(chunks)

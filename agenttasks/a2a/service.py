@@ -1,0 +1,444 @@
+"""The A2A operations, whichever binding carried them (docs/a2a.md#operations).
+
+Each takes a `Call` (the DRF request, its agent and where the app is mounted) and an SDK request
+message, goes through the lifecycle and the REST read paths, and returns an SDK message or
+raises one of the SDK's A2A errors. Nothing here writes a status: the lifecycle does.
+"""
+
+import base64
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE, MAX_LIST_TASKS_PAGE_SIZE
+from a2a.utils.errors import (
+    ContentTypeNotSupportedError,
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+from django.db import transaction
+from django.db.models import Q
+from django.utils.dateparse import parse_datetime
+from google.protobuf import json_format
+
+from .. import callbacks, files, ids, lifecycle
+from ..api import errors as api_errors
+from ..api import serializers as s
+from ..api import slots
+from ..api.permissions import owner_id, user_of
+from ..conf import app_settings
+from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
+from ..models import A2AContext, A2APushConfig, Conversation, PendingAction, Task
+from ..states import LIVE, TERMINAL, TaskStatus
+from . import mapping
+
+logger = logging.getLogger(__name__)
+
+SETTLED = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
+YES = {"yes", "y", "approve", "approved", "ok", "true"}
+NO = {"no", "n", "deny", "denied", "reject", "false"}
+
+
+@dataclass
+class Call:
+    """One A2A request: who asks, of which agent, and the app's absolute mount URL."""
+
+    request: Any
+    agent: Any
+    mount_url: str
+
+    @property
+    def user(self):
+        return user_of(self.request)
+
+    @property
+    def owner_id(self):
+        return owner_id(self.request)
+
+    def present(self, task: Task, history_length=None, with_artifacts=True) -> pb.Task:
+        context = mapping.contexts_of([task])[task.id]
+        return mapping.task_message(
+            task,
+            context,
+            base_url=self.mount_url,
+            history_length=history_length,
+            with_artifacts=with_artifacts,
+        )
+
+
+def invalid(exc: api_errors.ApiError) -> InvalidParamsError:
+    return InvalidParamsError(exc.message)
+
+
+def find_task(call: Call, task_id: str) -> Task:
+    """The caller's task of this agent; another user's task is not found either."""
+    task = None
+    if task_id and "\x00" not in task_id:
+        task = (
+            Task.objects.select_related("run")
+            .filter(pk=task_id, agent=call.agent.id, conversation__deleting_at__isnull=True)
+            .first()
+        )
+    if task is None or task.owner_id != call.owner_id:
+        raise TaskNotFoundError(f"Task not found: {task_id}")
+    return task
+
+
+def reload(task_id: str) -> Task:
+    return Task.objects.select_related("run").get(pk=task_id)
+
+
+# --- SendMessage -----------------------------------------------------------------------------
+
+
+@dataclass
+class Sent:
+    """A task as a SendMessage left it (`task` None: rejected), and the log position a stream
+    of it follows from (so that nothing the worker wrote meanwhile is missed)."""
+
+    message: pb.Task
+    task: Task | None
+    after: int = 0
+
+
+def send(call: Call, req: pb.SendMessageRequest) -> Sent:
+    """Create a task, or answer the one named by `taskId`; return it as written (no wait)."""
+    message = req.message
+    if not message.parts:
+        raise InvalidParamsError("message.parts is required")
+    incoming = mapping.read(message)
+    if message.task_id:
+        task = find_task(call, message.task_id)
+        after = (
+            Conversation.objects.filter(pk=task.conversation_id)
+            .values_list("last_seq", flat=True)
+            .first()
+        )
+        answered = answer(call, task, incoming)
+        return Sent(call.present(answered), answered, after or 0)
+    task_message, created = create(call, req, incoming)
+    return Sent(task_message, created, 0)  # a new conversation: follow it from its start
+
+
+def send_message(call: Call, req: pb.SendMessageRequest) -> pb.SendMessageResponse:
+    """SendMessage: blocking until a terminal or interrupted state unless returnImmediately."""
+    sent = send(call, req)
+    task_message, task = sent.message, sent.task
+    if task is not None and not req.configuration.return_immediately:
+        task = wait(call, task.id)
+        task_message = call.present(task, _history_length(req.configuration))
+    return pb.SendMessageResponse(task=task_message)
+
+
+def _history_length(configuration) -> int | None:
+    return configuration.history_length if configuration.HasField("history_length") else None
+
+
+def wait(call: Call, task_id: str) -> Task:
+    """Wait for a terminal or input-required state (at most MAX_STATUS_WAIT), holding a place
+    under MAX_WAITS_PER_USER like GET /tasks/{id}/wait."""
+    timeout = float(app_settings.MAX_STATUS_WAIT)
+    held = slots.take(
+        call.request,
+        slots.WAIT,
+        app_settings.MAX_WAITS_PER_USER,
+        timeout + app_settings.SLOT_LEASE_SECONDS,
+    )
+    client = slots.client_socket(getattr(call.request, "_request", call.request))
+    try:
+        return lifecycle.wait_for(
+            task_id, wait=timeout, settled=SETTLED, stop_check=lambda: slots.gone(client)
+        )
+    except TaskNotFound:
+        raise TaskNotFoundError(f"Task not found: {task_id}") from None
+    finally:
+        held.release()
+
+
+def _metadata(req: pb.SendMessageRequest) -> dict:
+    meta = json_format.MessageToDict(req.metadata) if req.HasField("metadata") else {}
+    if req.message.HasField("metadata"):
+        meta = {**json_format.MessageToDict(req.message.metadata), **meta}
+    try:
+        return s.metadata(meta)
+    except api_errors.ApiError as exc:
+        raise invalid(exc) from None
+
+
+def _push_config(req: pb.SendMessageRequest):
+    if not req.configuration.HasField("task_push_notification_config"):
+        return None
+    config = req.configuration.task_push_notification_config
+    from . import push
+
+    push.check_url(config.url)
+    push.check_fields(config)
+    return config
+
+
+def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, Task | None]:
+    """A new task, under the agent's file policy and the REST limits; a refusal of the
+    lifecycle (the active-task limit) is a REJECTED task."""
+    text = mapping.input_text(incoming)
+    if not text.strip():
+        raise InvalidParamsError("The message needs a text or data part: the task's input")
+    try:
+        text = s.text(text, "input", required_message="input is required")
+    except api_errors.ApiError as exc:
+        raise invalid(exc) from None
+    agent = call.agent
+    rules = files.policy(agent)
+    try:
+        files.check(agent.id, rules, incoming.uploads)
+    except files.FileRefused as exc:
+        if exc.code in ("unsupported_media_type", "attachments_disabled"):
+            raise ContentTypeNotSupportedError(exc.message) from None
+        raise InvalidParamsError(exc.message) from None
+    metadata = _metadata(req)
+    push_config = _push_config(req)
+    context_id = req.message.context_id
+    if len(context_id) > 200 or "\x00" in context_id:
+        raise InvalidParamsError("contextId must be at most 200 characters, without NUL")
+    owner = call.user
+
+    def before_commit(task):
+        A2AContext.objects.create(task=task, context_id=context_id or task.conversation_id)
+        if push_config is not None:
+            from . import push
+
+            push.store_config(task, push_config)
+        if incoming.uploads:
+            files.save(
+                incoming.uploads,
+                conversation_id=task.conversation_id,
+                owner=owner,
+                rules=rules,
+                task_id=task.id,
+                written=written,
+            )
+
+    with files.kept_only_on_success() as written:
+        try:
+            task = lifecycle.create(
+                owner=owner,
+                agent_id=agent.id,
+                input=text,
+                metadata=metadata,
+                files=[u.ref() for u in incoming.uploads],
+                before_commit=before_commit,
+            )
+        except TaskError as exc:
+            if exc.status_code >= 500:
+                raise
+            reason = exc.api_message() if hasattr(exc, "api_message") else str(exc)
+            context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
+            return mapping.rejected(reason, context, req.message), None
+        except callbacks.CallbackURLError as exc:
+            raise InvalidParamsError(str(exc)) from None
+    return call.present(reload(task.id)), task
+
+
+def answer(call: Call, task: Task, incoming) -> Task:
+    """A message to a task waiting for input: the answer to its pending actions (data parts,
+    or plain text for a single question or approval), or a comment for a clarification."""
+    if task.status != TaskStatus.WAITING_FOR_INPUT:
+        raise UnsupportedOperationError(
+            f"Task {task.id} is {task.status}: only a task waiting for input takes a message"
+        )
+    if incoming.uploads:
+        raise InvalidParamsError("An answer carries no files")
+    action_ids = lifecycle.waiting_on(task)
+    if not action_ids:
+        if not incoming.text.strip():
+            raise InvalidParamsError("The answer to a clarification is a text part")
+        try:
+            text = s.text(incoming.text, "content", required_message="content is required")
+            lifecycle.comment(task.id, text, author=call.user)
+        except api_errors.ApiError as exc:
+            raise invalid(exc) from None
+        return reload(task.id)
+    actions = {a.id: a for a in PendingAction.objects.filter(pk__in=action_ids)}
+    answers = _answers(incoming, list(actions.values()))
+    for body in answers:
+        action_id = body.get("actionId") if isinstance(body, dict) else None
+        if action_id is None and len(actions) == 1:
+            action_id = next(iter(actions))
+        action = actions.get(str(action_id))
+        if action is None:
+            raise InvalidParamsError(
+                "Name the action you answer (actionId): one of " + ", ".join(sorted(actions))
+            )
+        try:
+            resolution = s.ActionAnswerSerializer.validated(body, action=action)
+        except api_errors.ApiError as exc:
+            raise invalid(exc) from None
+        lifecycle.answer(action.id, {**resolution, "decided_by": call.user})
+    return reload(task.id)
+
+
+def _answers(incoming, actions: list[PendingAction]) -> list[dict]:
+    """The answer objects a message carries (`{"actionId"?, "approved"?, "comment"?, "answers"?}`)."""
+    out: list[dict] = []
+    for data in incoming.data:
+        listed = isinstance(data, dict) and isinstance(data.get("actions"), list)
+        items = data["actions"] if listed else [data]
+        out.extend(i if isinstance(i, dict) else {} for i in items)
+    if out:
+        return out
+    text = incoming.text.strip()
+    if len(actions) == 1 and text:
+        action = actions[0]
+        if action.kind == "approval" and text.lower() in YES | NO:
+            return [{"approved": text.lower() in YES}]
+        questions = action.questions or []
+        if action.kind == "question" and len(questions) == 1:
+            return [{"answers": {questions[0]["id"]: text}}]
+    raise InvalidParamsError(
+        "Answer with a data part: {actionId, approved, comment} or {actionId, answers}"
+    )
+
+
+# --- GetTask, ListTasks, CancelTask ----------------------------------------------------------
+
+
+def get_task(call: Call, req: pb.GetTaskRequest) -> pb.Task:
+    task = find_task(call, req.id)
+    length = req.history_length if req.HasField("history_length") else None
+    if length is not None and length < 0:
+        raise InvalidParamsError("historyLength must not be negative")
+    return call.present(task, length)
+
+
+def _token(task: Task) -> str:
+    raw = f"{task.created_at.isoformat()}|{task.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _after(token: str) -> Q:
+    try:
+        created, task_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
+        when = parse_datetime(created)
+    except (ValueError, UnicodeError):
+        when = None
+    if when is None:
+        raise InvalidParamsError("pageToken is not one this server gave")
+    return Q(created_at__lt=when) | Q(created_at=when, id__lt=task_id)
+
+
+def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
+    """The caller's tasks of this agent, newest first, by pages (a page token is a cursor)."""
+    size = req.page_size if req.HasField("page_size") else DEFAULT_LIST_TASKS_PAGE_SIZE
+    if size < 1:
+        raise InvalidParamsError("pageSize must be at least 1")
+    size = min(size, MAX_LIST_TASKS_PAGE_SIZE)
+    length = req.history_length if req.HasField("history_length") else 0
+    if length < 0:
+        raise InvalidParamsError("historyLength must not be negative")
+    rows = Task.objects.select_related("run").filter(
+        owner_id=call.owner_id, agent=call.agent.id, conversation__deleting_at__isnull=True
+    )
+    if req.context_id:
+        rows = rows.filter(
+            Q(a2a_context__context_id=req.context_id)
+            | Q(a2a_context__isnull=True, conversation_id=req.context_id)
+        )
+    if req.status:
+        rows = rows.filter(status__in=mapping.STATUSES_OF.get(req.status, []))
+    if req.HasField("status_timestamp_after"):
+        rows = rows.filter(updated_at__gt=req.status_timestamp_after.ToDatetime(tzinfo=_utc()))
+    total = rows.count()
+    if req.page_token:
+        rows = rows.filter(_after(req.page_token))
+    page = list(rows.order_by("-created_at", "-id")[: size + 1])
+    more = len(page) > size
+    page = page[:size]
+    contexts = mapping.contexts_of(page)
+    tasks = [
+        mapping.task_message(
+            t,
+            contexts[t.id],
+            base_url=call.mount_url,
+            history_length=length,
+            with_artifacts=req.include_artifacts,
+        )
+        for t in page
+    ]
+    return pb.ListTasksResponse(
+        tasks=tasks,
+        next_page_token=_token(page[-1]) if more else "",
+        page_size=size,
+        total_size=total,
+    )
+
+
+def _utc():
+    from datetime import timezone as dt_timezone
+
+    return dt_timezone.utc
+
+
+def cancel_task(call: Call, req: pb.CancelTaskRequest) -> pb.Task:
+    """Cancel now; a task that has already ended (cancelled included) is not cancelable."""
+    task = find_task(call, req.id)
+    if task.status in TERMINAL:
+        raise TaskNotCancelableError(f"Task {task.id} is already {task.status}")
+    if task.status in LIVE:
+        try:
+            lifecycle.stop(task.id)
+        except AlreadyFinal:
+            pass
+        except TaskNotFound:
+            raise TaskNotFoundError(f"Task not found: {req.id}") from None
+    task = reload(task.id)
+    if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+        raise TaskNotCancelableError(f"Task {task.id} is already {task.status}")
+    return call.present(task)
+
+
+# --- push notification configs ---------------------------------------------------------------
+
+
+def create_push_config(
+    call: Call, req: pb.TaskPushNotificationConfig
+) -> pb.TaskPushNotificationConfig:
+    from . import push
+
+    task = find_task(call, req.task_id)
+    push.check_url(req.url)
+    push.check_fields(req)
+    with transaction.atomic():
+        row = push.store_config(task, req)
+    return push.present(row)
+
+
+def _config(call: Call, task_id: str, config_id: str) -> A2APushConfig:
+    task = find_task(call, task_id)
+    row = A2APushConfig.objects.filter(task_id=task.id, config_id=config_id).first()
+    if row is None:
+        raise TaskNotFoundError(f"Push notification config not found: {config_id}")
+    return row
+
+
+def get_push_config(
+    call: Call, req: pb.GetTaskPushNotificationConfigRequest
+) -> pb.TaskPushNotificationConfig:
+    from . import push
+
+    return push.present(_config(call, req.task_id, req.id))
+
+
+def list_push_configs(
+    call: Call, req: pb.ListTaskPushNotificationConfigsRequest
+) -> pb.ListTaskPushNotificationConfigsResponse:
+    from . import push
+
+    task = find_task(call, req.task_id)
+    rows = A2APushConfig.objects.filter(task_id=task.id).order_by("created_at", "id")
+    return pb.ListTaskPushNotificationConfigsResponse(configs=[push.present(r) for r in rows])
+
+
+def delete_push_config(call: Call, req: pb.DeleteTaskPushNotificationConfigRequest) -> None:
+    _config(call, req.task_id, req.id).delete()

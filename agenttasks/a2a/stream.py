@@ -1,0 +1,246 @@
+"""SendStreamingMessage and SubscribeToTask: a task's updates as Server-Sent Events.
+
+The first event is the Task; then the task's own events in its conversation's log become
+`TaskStatusUpdateEvent`s (`task.status`, and `task.progress` as WORKING with the progress) and,
+at a completed or failed ending, a `TaskArtifactUpdateEvent` with the result before the final
+status. The stream closes after a terminal or input-required status. Like the REST events stream
+(api/streams.py) it reads the log by `seq`, wakes on the in-process hub (fed by PostgreSQL NOTIFY
+too) and polls, holds one of the user's MAX_STREAMS_PER_USER places, sends keep-alives, ends
+after STREAM_MAX_SECONDS, and is driven by a generator under WSGI or an async one under ASGI.
+"""
+
+import asyncio
+import logging
+import time
+
+from a2a.types import a2a_pb2 as pb
+from asgiref.sync import sync_to_async
+from django.http import StreamingHttpResponse
+from google.protobuf import json_format
+
+from ..api import slots
+from ..api.streams import KEEPALIVE, POLL
+from ..conf import app_settings
+from ..listen import conversation_key, hub
+from ..models import Conversation, Event, Task
+from ..states import TERMINAL, TaskStatus
+from . import mapping
+
+logger = logging.getLogger(__name__)
+
+ENDS = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
+BATCH = 200
+
+
+class TaskFollower:
+    """What one stream has sent of one task, and how to read what comes next."""
+
+    def __init__(self, call, task_id: str, held=None, client_fd=None, sent=None):
+        self.call = call
+        self.task_id = task_id
+        self.sent = sent  # SendStreamingMessage: the task as sent, and where its log resumes
+        self.held = held or slots.Held(None, "", 0)
+        self.client_fd = client_fd
+        self.done = False
+        self.last = 0
+        self.conversation_id = ""
+        self.context_id = ""
+        self._renewed = self._client_checked = time.monotonic()
+
+    def first(self) -> dict:
+        """The Task as it is now (or as the message left it); the log is followed from here."""
+        if self.sent is not None:
+            self.conversation_id = (
+                Task.objects.filter(pk=self.task_id).values_list("conversation_id", flat=True).get()
+            )
+            self.last = self.sent.after
+            self.context_id = self.sent.message.context_id
+            if self.sent.task.status in ENDS:
+                self.done = True
+            return self._dict(pb.StreamResponse(task=self.sent.message))
+        task = Task.objects.select_related("run").get(pk=self.task_id)
+        self.conversation_id = task.conversation_id
+        self.last = (
+            Conversation.objects.filter(pk=task.conversation_id)
+            .values_list("last_seq", flat=True)
+            .first()
+            or 0
+        )
+        task = Task.objects.select_related("run").get(pk=self.task_id)
+        self.context_id = mapping.contexts_of([task])[task.id]
+        if task.status in ENDS:
+            self.done = True
+        return self._dict(pb.StreamResponse(task=self.call.present(task)))
+
+    def poll(self) -> list[dict]:
+        events = list(
+            Event.objects.filter(conversation_id=self.conversation_id, seq__gt=self.last).order_by(
+                "seq"
+            )[:BATCH]
+        )
+        out = []
+        for event in events:
+            self.last = event.seq
+            if event.task_id != self.task_id:
+                continue  # a child's status mirrored into this conversation
+            out.extend(self._updates(event))
+            if self.done:
+                break
+        return out
+
+    def _updates(self, event: Event) -> list[dict]:
+        data = event.data or {}
+        if event.type == "task.progress":
+            status = pb.TaskStatus(state=pb.TASK_STATE_WORKING)
+            status.message.CopyFrom(
+                pb.Message(
+                    message_id=event.id,
+                    context_id=self.context_id,
+                    task_id=self.task_id,
+                    role=pb.ROLE_AGENT,
+                    parts=[mapping.text_part(data.get("progress") or "")],
+                )
+            )
+            status.timestamp.FromDatetime(event.created_at)
+            meta = {"progress": data.get("progress") or "", "seq": event.seq}
+            if data.get("state") is not None:
+                meta["state"] = data["state"]
+            return [self._status(status, meta)]
+        if event.type != "task.status" or data.get("to") not in mapping.STATES:
+            return []
+        if "from" not in data:
+            return []  # the creation: the first event (the Task) already says SUBMITTED
+        to = data["to"]
+        task = Task.objects.select_related("run").get(pk=self.task_id)
+        out = []
+        if to in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+            for artifact in mapping.artifacts(task, self.call.mount_url):
+                update = pb.TaskArtifactUpdateEvent(
+                    task_id=self.task_id,
+                    context_id=self.context_id,
+                    artifact=artifact,
+                    last_chunk=True,
+                )
+                out.append(self._dict(pb.StreamResponse(artifact_update=update)))
+        if task.status == to:
+            status = mapping.status(task, self.context_id)
+        else:  # the task has moved on since: the state this event recorded
+            status = pb.TaskStatus(state=mapping.state_of(to))
+            status.timestamp.FromDatetime(event.created_at)
+        out.append(self._status(status, {"seq": event.seq}))
+        if to in ENDS:
+            self.done = True
+        return out
+
+    def _status(self, status: pb.TaskStatus, meta: dict) -> dict:
+        update = pb.TaskStatusUpdateEvent(
+            task_id=self.task_id, context_id=self.context_id, status=status
+        )
+        update.metadata.update(meta)
+        return self._dict(pb.StreamResponse(status_update=update))
+
+    @staticmethod
+    def _dict(message) -> dict:
+        return json_format.MessageToDict(message)
+
+    # --- the stream's place and its client ---------------------------------------------------
+
+    def gone(self) -> bool:
+        now = time.monotonic()
+        if now - self._client_checked < 1.0:
+            return False
+        self._client_checked = now
+        return slots.gone(self.client_fd)
+
+    def keep_place(self) -> None:
+        if time.monotonic() - self._renewed < self.held.seconds / 3:
+            return
+        self._renewed = time.monotonic()
+        if not self.held.renew():
+            self.done = True
+
+    def release(self) -> None:
+        self.held.release()
+
+
+def _limits() -> tuple[float, float]:
+    return float(app_settings.STREAM_KEEPALIVE_SECONDS), float(app_settings.STREAM_MAX_SECONDS)
+
+
+def sync_frames(follower: TaskFollower, frame, error_frame):
+    """Drive a stream from a WSGI worker thread."""
+    keepalive, limit = _limits()
+    started = time.monotonic()
+    try:
+        yield frame(follower.first())
+        with hub.subscribe(conversation_key(follower.conversation_id)) as woken:
+            sent = time.monotonic()
+            while not follower.done and time.monotonic() - started < limit:
+                woken.clear()
+                items = follower.poll()
+                if items:
+                    yield "".join(frame(i) for i in items)
+                    sent = time.monotonic()
+                    continue
+                if follower.gone():
+                    break
+                follower.keep_place()
+                if time.monotonic() - sent >= keepalive:
+                    yield KEEPALIVE
+                    sent = time.monotonic()
+                woken.wait(POLL)
+    except GeneratorExit:
+        raise
+    except Exception as exc:
+        logger.exception("a2a.stream_failed task=%s", follower.task_id)
+        yield error_frame(exc)
+    finally:
+        follower.release()
+
+
+async def async_frames(follower: TaskFollower, frame, error_frame):
+    """Drive a stream from the event loop (ASGI); the ORM runs in the request's thread."""
+    keepalive, limit = _limits()
+    started = time.monotonic()
+    try:
+        yield frame(await sync_to_async(follower.first)())
+        with hub.subscribe(conversation_key(follower.conversation_id)) as woken:
+            sent = time.monotonic()
+            while not follower.done and time.monotonic() - started < limit:
+                woken.clear()
+                items = await sync_to_async(follower.poll)()
+                if items:
+                    yield "".join(frame(i) for i in items)
+                    sent = time.monotonic()
+                    continue
+                await sync_to_async(follower.keep_place)()
+                if time.monotonic() - sent >= keepalive:
+                    yield KEEPALIVE
+                    sent = time.monotonic()
+                waited = 0.0
+                while waited < POLL and not woken.is_set():
+                    await asyncio.sleep(0.02)
+                    waited += 0.02
+    except (GeneratorExit, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        logger.exception("a2a.stream_failed task=%s", follower.task_id)
+        yield error_frame(exc)
+    finally:
+        await sync_to_async(follower.release)()
+
+
+class FollowResponse(StreamingHttpResponse):
+    """An SSE response that gives its place back when the server closes it."""
+
+    def __init__(self, content, follower: TaskFollower):
+        super().__init__(content, content_type="text/event-stream")
+        self.follower = follower
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"
+
+    def close(self):
+        try:
+            self.follower.release()
+        finally:
+            super().close()
