@@ -487,6 +487,7 @@ class TaskStatusSerializer(Shape):
     conversationId = serializers.CharField()
     attempt = serializers.IntegerField(min_value=1)
     progress = serializers.CharField(required=False)
+    summary = serializers.CharField(required=False)
     createdAt = serializers.DateTimeField()
     updatedAt = serializers.DateTimeField()
     startedAt = serializers.DateTimeField(required=False)
@@ -494,7 +495,8 @@ class TaskStatusSerializer(Shape):
     error = serializers.CharField(required=False)
 
     @staticmethod
-    def present(task: Task) -> dict:
+    def present(task: Task, result: TaskResult | None = None) -> dict:
+        """The status body; `result` is the task's TaskResult, when it has one."""
         out = {
             "taskId": task.id,
             "status": task.status,
@@ -502,6 +504,9 @@ class TaskStatusSerializer(Shape):
             "attempt": task.attempt_no(),
         }
         _put(out, "progress", lifecycle.progress_line(task))
+        # A partial result (a pause) writes no summary of its own: its start is the summary.
+        fallback = result.content[: app_settings.SUMMARY_LIMIT] if result is not None else ""
+        _put(out, "summary", task.summary or fallback)
         out["createdAt"] = iso(task.created_at)
         out["updatedAt"] = iso(task.updated_at)
         _put(out, "startedAt", iso(task.started_at))
@@ -537,6 +542,12 @@ class TaskResultSerializer(Shape):
         _put(out, "usage", usage(result.usage))
         out["createdAt"] = iso(result.created_at)
         return out
+
+
+class TaskWaitSerializer(TaskStatusSerializer):
+    """The status body of /wait, with the TaskResult when `include=result` asks for it."""
+
+    result = TaskResultSerializer(required=False)
 
 
 class QuestionOptionSerializer(serializers.Serializer):

@@ -36,7 +36,7 @@ from ..exceptions import (
     RunNotFound,
     TaskNotFound,
 )
-from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task
+from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult
 from ..runtime import delegation
 from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, TaskKind, TaskStatus
 from . import body, errors, slots, streams
@@ -98,6 +98,14 @@ def _errors(*statuses: int) -> dict:
 def _query(name: str, description: str, type=OpenApiTypes.STR) -> OpenApiParameter:
     return OpenApiParameter(name, type, OpenApiParameter.QUERY, description=description)
 
+
+def _response_header(name: str, description: str, codes: list[int]) -> OpenApiParameter:
+    return OpenApiParameter(
+        name, OpenApiTypes.STR, OpenApiParameter.HEADER, description=description, response=codes
+    )
+
+
+LOCATION = _response_header("Location", "The full path of the new resource.", [201])
 
 PAGE_PARAMETERS = [
     _query("limit", "Page size (clamped to the maximum).", OpenApiTypes.INT),
@@ -288,6 +296,7 @@ class TaskListView(ApiView):
         tags=["Tasks"],
         summary="Create a task",
         request=s.TaskCreateSerializer,
+        parameters=[LOCATION],
         responses={201: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415)},
     )
     def post(self, request):
@@ -362,8 +371,9 @@ class TaskStatusView(ApiView):
         responses={200: s.TaskStatusSerializer, **_errors(403, 404)},
     )
     def get(self, request, taskId):
-        task = self.task(taskId, queryset=Task.objects.select_related("run"))
-        return Response(s.TaskStatusSerializer.present(task))
+        task = self.task(taskId, queryset=Task.objects.select_related("run", "task_result"))
+        result = getattr(task, "task_result", None)
+        return Response(s.TaskStatusSerializer.present(task, result))
 
 
 class TaskWaitView(ApiView):
@@ -376,13 +386,17 @@ class TaskWaitView(ApiView):
                 "timeout",
                 "Seconds to wait (default 30, clamped to MAX_STATUS_WAIT).",
                 OpenApiTypes.NUMBER,
-            )
+            ),
+            _query("include", "result: also carry the task's result when it has one."),
         ],
-        responses={200: s.TaskStatusSerializer, **_errors(400, 403, 404)},
+        responses={200: s.TaskWaitSerializer, **_errors(400, 403, 404)},
     )
     def get(self, request, taskId):
         task = self.task(taskId, queryset=Task.objects.select_related("run"))
         timeout = min(seconds(request.query_params.get("timeout")), app_settings.MAX_STATUS_WAIT)
+        include = request.query_params.get("include")
+        if include is not None and include != "result":
+            raise errors.validation("include must be result", "include")
         # The wait's place lapses on its own shortly after the wait would have returned.
         held = slots.take(
             request,
@@ -404,7 +418,13 @@ class TaskWaitView(ApiView):
             held.release()
         if Conversation.objects.filter(pk=task.conversation_id, deleting_at__isnull=False).exists():
             raise errors.not_found(f"Task not found: {taskId}")
-        return Response(s.TaskStatusSerializer.present(task))
+        result = None
+        if include or (not task.summary and task.status == TaskStatus.WAITING_FOR_INPUT):
+            result = TaskResult.objects.filter(task_id=task.id).first()
+        out = s.TaskStatusSerializer.present(task, result)
+        if include and result is not None:
+            out["result"] = s.TaskResultSerializer.present(result)
+        return Response(out)
 
 
 def seconds(raw: str | None, default: float = 30.0) -> float:
@@ -467,6 +487,7 @@ class TaskCommentsView(ApiView):
         tags=["Tasks"],
         summary="Comment on a task, re-opening it",
         request=s.CommentCreateSerializer,
+        parameters=[LOCATION],
         responses={201: s.CommentCreatedSerializer, **_errors(400, 403, 404, 409, 415)},
     )
     def post(self, request, taskId):
@@ -574,6 +595,7 @@ class ConversationListView(ApiView):
         tags=["Conversations"],
         summary="Create a conversation",
         request=s.ConversationCreateSerializer,
+        parameters=[LOCATION],
         responses={201: s.ConversationEnvelopeSerializer, **_errors(400, 404, 415)},
     )
     def post(self, request):
