@@ -41,6 +41,8 @@ from ..runtime import delegation
 from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, TaskKind, TaskStatus
 from . import body, errors, slots, streams
 from . import serializers as s
+from .idempotency import HEADER as IDEMPOTENCY_HEADER
+from .idempotency import REPLAYED, idempotent
 from .pagination import SQL_MAX, non_negative, page, page_body, page_params
 from .permissions import IdentityRequired, check_owner, owner_id, user_of
 from .throttling import throttles_for
@@ -86,6 +88,7 @@ def _errors(*statuses: int) -> dict:
         405: "Method not allowed",
         409: "State conflict",
         415: "Unsupported media type",
+        422: "Idempotency-Key reused with another request (idempotency_key_reused)",
         429: "Throttled (rate_limited)",
         500: "Server fault (INTERNAL_ERROR)",
     }
@@ -106,6 +109,20 @@ def _response_header(name: str, description: str, codes: list[int]) -> OpenApiPa
 
 
 LOCATION = _response_header("Location", "The full path of the new resource.", [201])
+
+
+def keyed(*success: int) -> list[OpenApiParameter]:
+    """The Idempotency-Key request header, and the replay marker on the success answers."""
+    return [
+        OpenApiParameter(
+            IDEMPOTENCY_HEADER,
+            OpenApiTypes.STR,
+            OpenApiParameter.HEADER,
+            description="1-255 printable ASCII characters; a repeat replays the first answer.",
+        ),
+        _response_header(REPLAYED, "true when this answer is a replay.", list(success)),
+    ]
+
 
 PAGE_PARAMETERS = [
     _query("limit", "Page size (clamped to the maximum).", OpenApiTypes.INT),
@@ -296,9 +313,10 @@ class TaskListView(ApiView):
         tags=["Tasks"],
         summary="Create a task",
         request=s.TaskCreateSerializer,
-        parameters=[LOCATION],
-        responses={201: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[LOCATION, *keyed(201)],
+        responses={201: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request):
         data = s.TaskCreateSerializer.validated(self.body)
         agent = exposed_agent(data["agent_id"])
@@ -487,9 +505,10 @@ class TaskCommentsView(ApiView):
         tags=["Tasks"],
         summary="Comment on a task, re-opening it",
         request=s.CommentCreateSerializer,
-        parameters=[LOCATION],
-        responses={201: s.CommentCreatedSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[LOCATION, *keyed(201)],
+        responses={201: s.CommentCreatedSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CommentCreateSerializer.validated(self.body)
@@ -513,12 +532,14 @@ class TaskCancelView(ApiView):
         tags=["Tasks"],
         summary="Cancel a task (graceful: after the current turn)",
         request=s.CancelSerializer,
+        parameters=[*keyed(200, 202)],
         responses={
             200: s.TaskEnvelopeSerializer,
             202: s.TaskEnvelopeSerializer,
-            **_errors(400, 403, 404, 409, 415),
+            **_errors(400, 403, 404, 409, 415, 422),
         },
     )
+    @idempotent
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CancelSerializer.validated(self.body)
@@ -545,8 +566,10 @@ class TaskRetryView(ApiView):
         tags=["Tasks"],
         summary="Retry a failed task as a new attempt",
         request=s.EmptySerializer,
-        responses={202: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[*keyed(202)],
+        responses={202: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, taskId):
         task = self.task(taskId)
         s.EmptySerializer.validated(self.body)
@@ -595,9 +618,10 @@ class ConversationListView(ApiView):
         tags=["Conversations"],
         summary="Create a conversation",
         request=s.ConversationCreateSerializer,
-        parameters=[LOCATION],
-        responses={201: s.ConversationEnvelopeSerializer, **_errors(400, 404, 415)},
+        parameters=[LOCATION, *keyed(201)],
+        responses={201: s.ConversationEnvelopeSerializer, **_errors(400, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request):
         data = s.ConversationCreateSerializer.validated(self.body)
         agent = exposed_agent(data["agent_id"])
@@ -688,8 +712,10 @@ class MessagesView(ApiView):
         tags=["Conversations"],
         summary="Send a user message; it starts a run of the conversation's agent",
         request=s.MessageCreateSerializer,
-        responses={202: s.MessageAcceptedSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[*keyed(202)],
+        responses={202: s.MessageAcceptedSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, conversationId):
         conversation = self.conversation(conversationId)
         data = s.MessageCreateSerializer.validated(self.body)
@@ -870,8 +896,10 @@ class ActionView(ApiView):
         tags=["Actions"],
         summary="Answer an approval or a question",
         request=s.ActionAnswerSerializer,
-        responses={200: s.ActionResolvedSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[*keyed(200)],
+        responses={200: s.ActionResolvedSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, conversationId, actionId):
         conversation = self.conversation(conversationId)
         action = PendingAction.objects.filter(pk=actionId).first() if _plain(actionId) else None

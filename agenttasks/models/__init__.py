@@ -3,6 +3,7 @@
 from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
+from .idempotency import IdempotencyKey
 from .run import Run
 from .slot import Slot
 from .task import Comment, Task, TaskResult
@@ -14,6 +15,7 @@ __all__ = [
     "Conversation",
     "Event",
     "File",
+    "IdempotencyKey",
     "PendingAction",
     "Run",
     "Slot",
