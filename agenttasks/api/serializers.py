@@ -925,6 +925,9 @@ class PageFields(serializers.Serializer):
     limit = serializers.IntegerField(min_value=1)
     offset = serializers.IntegerField(min_value=0)
     hasMore = serializers.BooleanField()
+    nextCursor = serializers.CharField(
+        allow_null=True, help_text="The cursor of the next page; null on the last page."
+    )
 
 
 class TaskEnvelopeSerializer(serializers.Serializer):

@@ -41,9 +41,12 @@ from ..runtime import delegation
 from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, TaskKind, TaskStatus
 from . import body, errors, slots, streams
 from . import serializers as s
+from .cursors import Keyset, keyset_page
+from .cursors import page_body as cursor_page_body
+from .cursors import params as cursor_params
 from .idempotency import HEADER as IDEMPOTENCY_HEADER
 from .idempotency import REPLAYED, idempotent
-from .pagination import SQL_MAX, non_negative, page, page_body, page_params
+from .pagination import SQL_MAX, non_negative, page_params
 from .permissions import IdentityRequired, check_owner, owner_id, user_of
 from .throttling import throttles_for
 
@@ -126,8 +129,15 @@ def keyed(*success: int) -> list[OpenApiParameter]:
 
 PAGE_PARAMETERS = [
     _query("limit", "Page size (clamped to the maximum).", OpenApiTypes.INT),
-    _query("offset", "Items to skip.", OpenApiTypes.INT),
+    _query("offset", "Items to skip (not with cursor).", OpenApiTypes.INT),
+    _query("cursor", "The nextCursor of the previous page (not with offset)."),
 ]
+TASK_ORDER = Keyset("tasks", ("created_at", "id"), descending=True)
+CONVERSATION_ORDER = Keyset("conversations", ("updated_at", "id"), descending=True)
+MESSAGE_ORDER = {
+    "asc": Keyset("messages.asc", ("seq",), descending=False),
+    "desc": Keyset("messages.desc", ("seq",), descending=True),
+}
 
 
 class ApiView(APIView):
@@ -279,7 +289,7 @@ class TaskListView(ApiView):
         responses={200: s.TaskPageSerializer, **_errors(400)},
     )
     def get(self, request):
-        limit, offset = page_params(request, 20, 100)
+        limit, offset, position = cursor_params(request, TASK_ORDER, 20, 100)
         params = request.query_params
         statuses = None
         if params.get("status") is not None:
@@ -302,11 +312,13 @@ class TaskListView(ApiView):
                 rows = rows.filter(**{field: value})
         if statuses is not None:
             rows = rows.filter(status__in=statuses)
-        items, total = (
-            ([], 0) if empty else page(rows.order_by("-created_at", "-id"), limit, offset)
+        items, total, offset, after = (
+            ([], 0, offset, None)
+            if empty
+            else keyset_page(rows, TASK_ORDER, limit, offset, position)
         )
         tasks = [s.TaskSerializer.present(t) for t in items]
-        return Response(page_body("tasks", tasks, total, limit, offset))
+        return Response(cursor_page_body("tasks", tasks, total, limit, offset, after))
 
     @extend_schema(
         operation_id="createTask",
@@ -599,19 +611,21 @@ class ConversationListView(ApiView):
         responses={200: s.ConversationPageSerializer, **_errors(400)},
     )
     def get(self, request):
-        limit, offset = page_params(request, 20, 100)
+        limit, offset, position = cursor_params(request, CONVERSATION_ORDER, 20, 100)
         rows = conversation_rows().filter(
             owner_id=owner_id(request), hidden=False, deleting_at__isnull=True
         )
         agent_id = request.query_params.get("agentId")
         if agent_id is not None and not _plain(agent_id):
-            items, total = [], 0
+            items, total, after = [], 0, None
         else:
             if agent_id is not None:
                 rows = rows.filter(agent=agent_id)
-            items, total = page(rows.order_by("-updated_at", "-id"), limit, offset)
+            items, total, offset, after = keyset_page(
+                rows, CONVERSATION_ORDER, limit, offset, position
+            )
         body = [s.ConversationSerializer.present(c) for c in items]
-        return Response(page_body("conversations", body, total, limit, offset))
+        return Response(cursor_page_body("conversations", body, total, limit, offset, after))
 
     @extend_schema(
         operation_id="createConversation",
@@ -694,18 +708,19 @@ class MessagesView(ApiView):
     )
     def get(self, request, conversationId):
         conversation = self.conversation(conversationId)
-        limit, offset = page_params(request, 100, 500)
         order = request.query_params.get("order", "asc")
         if order not in ("asc", "desc"):
             raise errors.validation("order must be asc or desc", "order")
+        limit, offset, position = cursor_params(request, MESSAGE_ORDER[order], 100, 500)
         rows = Event.objects.filter(conversation_id=conversation.id, type__in=MESSAGE_TYPES)
         # A turn that only called tools is logged with null content for the transcript; it is
         # not a message anyone wrote (docs/rest.md#messages).
         rows = rows.exclude(type="message.assistant", data__content=None)
-        rows = rows.order_by("seq" if order == "asc" else "-seq")
-        items, total = page(rows, limit, offset)
+        items, total, offset, after = keyset_page(
+            rows, MESSAGE_ORDER[order], limit, offset, position
+        )
         body = [s.MessageSerializer.present(e) for e in items]
-        return Response(page_body("messages", body, total, limit, offset))
+        return Response(cursor_page_body("messages", body, total, limit, offset, after))
 
     @extend_schema(
         operation_id="postMessage",
