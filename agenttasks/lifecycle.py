@@ -15,7 +15,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from . import callbacks, ids, queue, registry, signals, store, wakeups
+from . import answers, callbacks, ids, queue, registry, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
     ActionNotFound,
@@ -51,7 +51,6 @@ from .states import (
     StopRequest,
     TaskKind,
     TaskStatus,
-    model_status,
 )
 from .types import Continuation, Ending, NewTask, RunOutcome, StopOutcome, TaskInfo, TaskMeta
 
@@ -109,20 +108,28 @@ def progress_line(task: Task, run: Run | None = None) -> str:
 
 
 def info(task: Task, *, agent: str = "") -> TaskInfo:
-    """Return the model-facing view of a task."""
+    """Return the Python view of a task (stored status; `agent` defaults to its display name)."""
     return TaskInfo(
         task_id=task.id,
         run_id=task.run_id,
         label=task.label,
         kind=task.kind,
-        agent=agent,
-        status=model_status(task.status),
+        agent=agent or agent_name(task.agent),
+        status=task.status,
         attempt=task.attempt_no(),
         summary=task.summary,
         result=task.result,
         state=task.state,
         progress=progress_line(task),
     )
+
+
+def agent_name(agent_id: str) -> str:
+    """The registered agent's display name, or its id when it is no longer registered."""
+    try:
+        return registry.get(agent_id).name or agent_id
+    except registry.UnknownAgent:
+        return agent_id
 
 
 def _read(task_id: str) -> Task:
@@ -331,14 +338,20 @@ def spawn(
 # --- status and listings ---------------------------------------------------------------------
 
 
+SETTLED = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
+
+
 def status(
     task_id: str,
     *,
     wait: float = 0,
     stop_check: Callable[[], bool] | None = None,
-    settled=TERMINAL,
+    settled=SETTLED,
 ) -> TaskInfo:
-    """Read a task, waiting up to `wait` seconds (clamped to MAX_STATUS_WAIT) for it to settle."""
+    """Read a task, waiting up to `wait` seconds (clamped to MAX_STATUS_WAIT) for it to settle.
+
+    Settled is terminal or waiting for input (as REST's /wait), unless `settled` says otherwise.
+    """
     return info(wait_for(task_id, wait=wait, stop_check=stop_check, settled=settled))
 
 
@@ -605,7 +618,7 @@ def answer(action_id: str, resolution: dict[str, Any]) -> Task | None:
     if action is None:
         raise ActionNotFound()
     _raise(answer_refusal(action))
-    won = resolve_action(action_id, resolution)
+    won = _resolve(action_id, resolution)
     if not won:
         action.refresh_from_db()
         _raise(answer_refusal(action))
@@ -631,11 +644,27 @@ def answer_refusal(action: PendingAction) -> TaskError | None:
     return None
 
 
-def resolve_action(action_id: str, resolution: dict[str, Any]):
-    """Answer an approval or a question; resume its run when it was the last one open.
+def resolve_action(action, answer: dict[str, Any], *, decided_by=None):
+    """Answer an approval or a question with the REST answer body; resume its run if it was last.
 
-    Returns the task as written (or the run, outside tasks), or False when the answer was stale.
+    `action` is a PendingAction or its id; `answer` is `{"approved": bool, "comment"?: str}` for
+    an approval or `{"answers": {...}}` for a question (docs/rest.md#approvals-and-questions).
+    Anything else raises `answers.AnswerError` (a ValueError); an unknown id raises
+    `ActionNotFound`. Returns the task as written (or the run, outside tasks), or False when the
+    answer was stale.
     """
+    action_id = getattr(action, "pk", action)
+    row = PendingAction.objects.filter(pk=action_id).first()
+    if row is None:
+        raise ActionNotFound()
+    resolution = answers.resolution(row, answer)
+    if decided_by is not None:
+        resolution["decided_by"] = decided_by
+    return _resolve(row.id, resolution)
+
+
+def _resolve(action_id: str, resolution: dict[str, Any]):
+    """Apply a store resolution (`status` approved, denied, answered, expired, cancelled)."""
     action = PendingAction.objects.get(pk=action_id)
     if action.task_id is not None:
         won = store.answer(action.task_id, action.run_id, action_id, resolution)
@@ -925,7 +954,7 @@ def expire_actions(action_ids=None) -> list[str]:
             if won:
                 announce(won)
         else:
-            won = resolve_action(action.id, {"status": ActionStatus.EXPIRED, "on_timeout": "deny"})
+            won = _resolve(action.id, {"status": ActionStatus.EXPIRED, "on_timeout": "deny"})
         if won:
             settled.append(action.id)
     return settled

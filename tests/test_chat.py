@@ -57,7 +57,7 @@ def sequence(*replies):
 
 
 def approve(action, **resolution):
-    return lifecycle.resolve_action(action.id, {"status": "approved", **resolution})
+    return lifecycle.resolve_action(action.id, {"approved": True, **resolution})
 
 
 # --- tools on the wire (S1–S3) ---------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_s25_an_agents_own_approval(model, agents, user, recording_queue, approv
     if approved:
         approve(action)
     else:
-        lifecycle.resolve_action(action.id, {"status": "denied"})
+        lifecycle.resolve_action(action.id, {"approved": False})
     run_to_idle(recording_queue)
     done = refresh(task)
     if approved:
@@ -239,9 +239,7 @@ def test_ask_user_on_a_conversation_without_a_task(model, agents, user, recordin
             "required": ["question"],
         },
     }
-    lifecycle.resolve_action(
-        action.id, {"status": "answered", "answers": {"q1": {"values": ["PDF"]}}}
-    )
+    lifecycle.resolve_action(action.id, {"answers": {"q1": {"values": ["PDF"]}}})
     run_to_idle(recording_queue)
     ended = Run.objects.get(pk=run.id)
     assert (ended.status, ended.output) == ("completed", "asked: PDF")
