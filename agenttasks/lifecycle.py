@@ -15,7 +15,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from . import answers, callbacks, ids, queue, registry, signals, store, wakeups
+from . import answers, callbacks, ids, progress, queue, registry, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
     ActionNotFound,
@@ -94,14 +94,14 @@ NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a jo
 
 
 def progress_line(task: Task, run: Run | None = None) -> str:
-    """Render the progress of a task with its kind's DESCRIBE_STATE hook, or ''."""
+    """Render the progress of a task with its kind's DESCRIBE_STATE hook, or the default line."""
     try:
         hook = app_settings.hook("DESCRIBE_STATE", task.kind)  # "" is a plain task's kind
-        if hook is None:
-            return ""
         run = run if run is not None else task.run
         state = run.progress if run is not None and run.progress is not None else task.state
-        return str(hook(state) or "") if state is not None else ""
+        if state is None:
+            return ""
+        return str(hook(state) or "") if hook is not None else progress.default_line(state)
     except Exception:
         logger.exception("lifecycle.describe_failed task=%s", task.id)
         return ""
