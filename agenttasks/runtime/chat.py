@@ -20,6 +20,7 @@ from . import approvals, delegation
 from . import task_tools as background
 from .base import RunContext, RunStopped
 from .budget import BudgetExceeded
+from .content import user_content
 from .model_client import POLL, ModelClient, ModelError, Response
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,12 @@ def transcript(conversation_id: str, system_prompt: str) -> tuple[list[dict], li
     slot_of: dict[str, tuple] = {}
     for event in events:
         data = event.data or {}
-        if event.type in ("message.user", "task.notification"):
+        if event.type == "message.user" and data.get("files"):
+            # Files reach the model as content parts (docs/delegation.md#files).
+            entries.append(
+                {"role": "user", "content": user_content(data.get("content", ""), data["files"])}
+            )
+        elif event.type in ("message.user", "task.notification"):
             entries.append({"role": "user", "content": data.get("content", "")})
         elif event.type == "message.assistant":
             message = {"role": "assistant", "content": data.get("content")}
