@@ -48,6 +48,7 @@ class AgentDef:
     model_params: dict = field(default_factory=dict)
     expose: bool = True
     metadata: dict = field(default_factory=dict)
+    stream: bool = True  # chat: ask for a streamed completion (message.delta to live readers)
 
     def snapshot(self) -> dict:
         """Return the JSON configuration a task keeps as `inherit`."""
@@ -182,6 +183,9 @@ def build(agent_id: str, **fields) -> AgentDef:
             agent_id,
             f"model_params may not set {sorted(RESERVED_MODEL_PARAMS & set(model_params))}",
         )
+    stream = fields.get("stream", True)
+    if not isinstance(stream, bool):
+        raise _fail(agent_id, f"stream must be True or False, not {stream!r}")
     return AgentDef(
         id=agent_id,
         name=fields.get("name") or agent_id,
@@ -198,6 +202,7 @@ def build(agent_id: str, **fields) -> AgentDef:
         model_params=model_params,
         expose=fields.get("expose", True),
         metadata=dict(fields.get("metadata") or {}),
+        stream=stream,
     )
 
 

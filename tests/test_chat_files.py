@@ -66,7 +66,12 @@ def test_files_reach_the_model_as_content_parts(model, agents, user, recording_q
             {"type": "text", "text": "[Attached file: report.pdf (application/pdf, 12 bytes)]"},
         ],
     }
-    assert request.json == {"model": "m-reader", "messages": [user_message]}
+    assert request.json == {
+        "model": "m-reader",
+        "messages": [user_message],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     assert json.loads(request.raw)["messages"][-1] == user_message
 
 

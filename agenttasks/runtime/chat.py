@@ -10,7 +10,7 @@ is model_client.py.
 import logging
 from dataclasses import dataclass, field
 
-from .. import store
+from .. import deltas, store
 from ..models import Event, PendingAction, Run
 from ..registry import ASK_USER_PATH
 from ..states import TaskKind
@@ -200,6 +200,7 @@ class ChatRun:
                 messages,
                 [spec.schema() for spec in self.tools.values()],
                 self.agent.model_params or {},
+                on_delta=self._publish_delta if self.agent.stream else None,
             )
             usage = response.usage
             self.budget.spend(
@@ -233,6 +234,10 @@ class ChatRun:
             self.ctx.conversation_id,
             [(kind, data, self.run.id, other or task_id) for kind, data, other in events],
         )
+
+    def _publish_delta(self, piece: str) -> None:
+        """Hand a piece of the reply being written to the conversation's live readers."""
+        deltas.publish(self.ctx.conversation_id, self.run.id, piece)
 
     def _append_assistant(self, response: Response) -> None:
         usage = response.usage
