@@ -835,7 +835,9 @@ class EventStreamView(ApiView):
         ],
         responses={
             (200, "text/event-stream"): OpenApiResponse(
-                OpenApiTypes.STR, description="snapshot, then id/event/data frames"
+                OpenApiTypes.STR,
+                description="snapshot, then id/event/data frames; transient message.delta "
+                "frames (no id) while a reply is written",
             ),
             **_errors(400, 403, 404),
         },
