@@ -25,6 +25,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PIECES = [f"w{i} " for i in range(20)]
 
 
+@pytest.fixture(params=["wsgi", "asgi"])
+def any_server(request):
+    """Django's threaded WSGI live server, and uvicorn (the async stream)."""
+    return request.getfixturevalue(f"{request.param}_server")
+
+
 @pytest.fixture
 def token(as_alice):
     return as_alice.headers["HTTP_AUTHORIZATION"].split()[1]
@@ -69,15 +75,16 @@ def follow(as_alice, wsgi_server, token, conversation_id, post):
 
 
 def test_a_reader_sees_the_deltas_in_order_then_the_stored_message(
-    as_alice, workers, model, agents, wsgi_server, token
+    as_alice, workers, model, agents, any_server, token
 ):
+    base = any_server
     agents("writer", model="m-writer")
-    server = model.script(lambda r: stream_answer(PIECES, gap=0.01))
+    fake = model.script(lambda r: stream_answer(PIECES, gap=0.01))
     conversation = as_alice.post("/conversations", {"agentId": "writer"}).json()["conversation"]
     path = f"/conversations/{conversation['id']}/messages"
     frames, reply = follow(
         as_alice,
-        wsgi_server,
+        base,
         token,
         conversation["id"],
         lambda: as_alice.post(path, {"message": "write"}),
@@ -92,13 +99,13 @@ def test_a_reader_sees_the_deltas_in_order_then_the_stored_message(
         }
     assert frames.index(reply) > frames.index(sent[-1])
     assert reply["data"]["data"]["content"] == "".join(PIECES) and "id" in reply
-    (request,) = server.of("m-writer")
+    (request,) = fake.of("m-writer")
     assert request.json["stream"] is True
     # Deltas are not stored, so a resumed reader does not get them again.
     assert not Event.objects.filter(type="message.delta").exists()
     with httpx.Client(timeout=20) as client:
         response = open_stream(
-            client, wsgi_server, f"/conversations/{conversation['id']}/events/stream?after=0", token
+            client, base, f"/conversations/{conversation['id']}/events/stream?after=0", token
         )
         try:
             replayed, again = read_until_reply(Stream(response))
