@@ -15,7 +15,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from . import callbacks, ids, queue, registry, signals, store, wakeups
+from . import answers, callbacks, ids, progress, queue, registry, signals, store, wakeups
 from .conf import app_settings
 from .exceptions import (
     ActionNotFound,
@@ -51,7 +51,6 @@ from .states import (
     StopRequest,
     TaskKind,
     TaskStatus,
-    model_status,
 )
 from .types import (
     Continuation,
@@ -105,28 +104,28 @@ NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a jo
 
 
 def progress_line(task: Task, run: Run | None = None) -> str:
-    """Render the progress of a task with its kind's DESCRIBE_STATE hook, or ''."""
+    """Render the progress of a task with its kind's DESCRIBE_STATE hook, or the default line."""
     try:
         hook = app_settings.hook("DESCRIBE_STATE", task.kind)  # "" is a plain task's kind
-        if hook is None:
-            return ""
         run = run if run is not None else task.run
         state = run.progress if run is not None and run.progress is not None else task.state
-        return str(hook(state) or "") if state is not None else ""
+        if state is None:
+            return ""
+        return str(hook(state) or "") if hook is not None else progress.default_line(state)
     except Exception:
         logger.exception("lifecycle.describe_failed task=%s", task.id)
         return ""
 
 
 def info(task: Task, *, agent: str = "") -> TaskInfo:
-    """Return the model-facing view of a task."""
+    """Return the Python view of a task (stored status; `agent` defaults to its display name)."""
     return TaskInfo(
         task_id=task.id,
         run_id=task.run_id,
         label=task.label,
         kind=task.kind,
-        agent=agent,
-        status=model_status(task.status),
+        agent=agent or agent_name(task.agent),
+        status=task.status,
         attempt=task.attempt_no(),
         summary=task.summary,
         result=task.result,
@@ -138,6 +137,14 @@ def info(task: Task, *, agent: str = "") -> TaskInfo:
 def conversation_id_of(conversation: ConversationRef) -> str:
     """The id of a conversation given as a row or as its id."""
     return conversation if isinstance(conversation, str) else conversation.pk
+
+
+def agent_name(agent_id: str) -> str:
+    """The registered agent's display name, or its id when it is no longer registered."""
+    try:
+        return registry.get(agent_id).name or agent_id
+    except registry.UnknownAgent:
+        return agent_id
 
 
 def _read(task_id: str) -> Task:
@@ -346,14 +353,20 @@ def spawn(
 # --- status and listings ---------------------------------------------------------------------
 
 
+SETTLED = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
+
+
 def status(
     task_id: str,
     *,
     wait: float = 0,
     stop_check: Callable[[], bool] | None = None,
-    settled: Collection[str] = TERMINAL,
+    settled: Collection[str] = SETTLED,
 ) -> TaskInfo:
-    """Read a task, waiting up to `wait` seconds (clamped to MAX_STATUS_WAIT) for it to settle."""
+    """Read a task, waiting up to `wait` seconds (clamped to MAX_STATUS_WAIT) for it to settle.
+
+    Settled is terminal or waiting for input (as REST's /wait), unless `settled` says otherwise.
+    """
     return info(wait_for(task_id, wait=wait, stop_check=stop_check, settled=settled))
 
 
@@ -626,7 +639,7 @@ def answer(action_id: str, resolution: dict[str, Any]) -> Task | None:
     if action is None:
         raise ActionNotFound()
     _raise(answer_refusal(action))
-    won = resolve_action(action_id, resolution)
+    won = _resolve(action_id, resolution)
     if not won:
         action.refresh_from_db()
         _raise(answer_refusal(action))
@@ -652,11 +665,29 @@ def answer_refusal(action: PendingAction) -> TaskError | None:
     return None
 
 
-def resolve_action(action_id: str, resolution: dict[str, Any]) -> Task | Run | None:
-    """Answer an approval or a question; resume its run when it was the last one open.
+def resolve_action(
+    action: "PendingAction | str", answer: dict[str, Any], *, decided_by: Any = None
+) -> Task | Run | None:
+    """Answer an approval or a question with the REST answer body; resume its run if it was last.
 
-    Returns the task as written (or the run, outside tasks), or False when the answer was stale.
+    `action` is a PendingAction or its id; `answer` is `{"approved": bool, "comment"?: str}` for
+    an approval or `{"answers": {...}}` for a question (docs/rest.md#approvals-and-questions).
+    Anything else raises `answers.AnswerError` (a ValueError); an unknown id raises
+    `ActionNotFound`. Returns the task as written (or the run, outside tasks), or None when the
+    answer was stale.
     """
+    action_id = action if isinstance(action, str) else action.pk
+    row = PendingAction.objects.filter(pk=action_id).first()
+    if row is None:
+        raise ActionNotFound()
+    resolution = answers.resolution(row, answer)
+    if decided_by is not None:
+        resolution["decided_by"] = decided_by
+    return _resolve(row.id, resolution)
+
+
+def _resolve(action_id: str, resolution: dict[str, Any]) -> Task | Run | None:
+    """Apply a store resolution (`status` approved, denied, answered, expired, cancelled)."""
     action = PendingAction.objects.get(pk=action_id)
     if action.task_id is not None:
         won = store.answer(action.task_id, action.run_id, action_id, resolution)
@@ -949,7 +980,7 @@ def expire_actions(action_ids: list[str] | None = None) -> list[str]:
             if won:
                 announce(won)
         else:
-            won = resolve_action(action.id, {"status": ActionStatus.EXPIRED, "on_timeout": "deny"})
+            won = _resolve(action.id, {"status": ActionStatus.EXPIRED, "on_timeout": "deny"})
         if won:
             settled.append(action.id)
     return settled

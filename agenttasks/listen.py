@@ -11,6 +11,7 @@ Waiters still poll, so nothing depends on delivery.
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from django.db import connections
@@ -48,6 +49,8 @@ class Hub:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._channels: set[str] = set()  # the channels some waiter of this process needs
+        self._handlers: dict[str, Callable[[str], None]] = {}  # channels whose payload is data
+        self.listening: set[str] = set()  # the channels the listener has LISTENed to
         self.enabled = True  # tests turn in-process wake-ups off to prove the polling path
 
     @contextmanager
@@ -71,6 +74,13 @@ class Hub:
                 self._channels.add(CHANNEL_OF[key.split(":", 1)[0] + ":"])
         if listen:
             self._ensure_listening()
+
+    def listen_to(self, channel: str, handler: Callable[[str], None]) -> None:
+        """Hand every notification on `channel` to `handler(payload)` (PostgreSQL only)."""
+        with self._lock:
+            self._handlers[channel] = handler
+            self._channels.add(channel)
+        self._ensure_listening()
 
     def discard(self, key: str, event: threading.Event) -> None:
         with self._lock:
@@ -125,13 +135,17 @@ class Hub:
                 with psycopg.connect(
                     autocommit=True, **{k: v for k, v in params.items() if v}
                 ) as conn:
-                    listening: set[str] = set()
+                    listening = self.listening = set()
                     while not self._stop.is_set():
                         for channel in self._channels - listening:
                             conn.execute(f"LISTEN {channel}")
                             listening.add(channel)
                         for note in conn.notifies(timeout=LISTEN_POLL):
-                            self.publish(CHANNELS.get(note.channel, "") + note.payload)
+                            handler = self._handlers.get(note.channel)
+                            if handler is not None:
+                                handler(note.payload)
+                            else:
+                                self.publish(CHANNELS.get(note.channel, "") + note.payload)
             except Exception:
                 if self._stop.is_set():
                     return

@@ -49,6 +49,7 @@ class AgentDef:
     expose: bool = True
     a2a: bool = True  # served over the Agent2Agent protocol (docs/a2a.md); False opts out
     metadata: dict = field(default_factory=dict)
+    stream: bool = True  # chat: ask for a streamed completion (message.delta to live readers)
 
     def snapshot(self) -> dict:
         """Return the JSON configuration a task keeps as `inherit`."""
@@ -183,6 +184,9 @@ def build(agent_id: str, **fields) -> AgentDef:
             agent_id,
             f"model_params may not set {sorted(RESERVED_MODEL_PARAMS & set(model_params))}",
         )
+    stream = fields.get("stream", True)
+    if not isinstance(stream, bool):
+        raise _fail(agent_id, f"stream must be True or False, not {stream!r}")
     return AgentDef(
         id=agent_id,
         name=fields.get("name") or agent_id,
@@ -200,6 +204,7 @@ def build(agent_id: str, **fields) -> AgentDef:
         expose=fields.get("expose", True),
         a2a=bool(fields.get("a2a", True)),
         metadata=dict(fields.get("metadata") or {}),
+        stream=stream,
     )
 
 

@@ -17,7 +17,7 @@ Owner: TypeAlias = "AbstractBaseUser | None"
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """The model-facing view of a task (status is the model-facing name)."""
+    """The Python view of a task: the stored status; the model tools translate it."""
 
     task_id: str
     run_id: str

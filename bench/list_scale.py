@@ -1,8 +1,9 @@
 """P4 list at scale: 1,000,000 tasks across 1,000 users, then the list endpoint's latency.
 
-Bulk-loads the rows with SQL (one transaction), then times `GET /tasks?status=running` and a
-user's newest page over HTTP against runserver: the median of 50 requests each, with the query
-plans (which must use the indexes).
+Bulk-loads the rows with SQL (one transaction), then times `GET /tasks?status=running`, a
+user's newest page, and a page by cursor deep in the user's list (after offset 500), over HTTP
+against runserver: the median of 50 requests each, with the query plans (which must use the
+indexes; the cursor page's keyset read starts its index scan at the cursor).
 
     .venv/bin/python bench/list_scale.py --tasks 1000000 --users 1000
 """
@@ -75,12 +76,13 @@ def median_ms(client, url: str, headers: dict, n: int = 50) -> float:
     return statistics.median(times)
 
 
-def measure(tasks: int, users: int, port: int) -> tuple[float, float, int]:
-    """Load, time both list requests, print the plans; return (running ms, newest ms, tasks)."""
+def measure(tasks: int, users: int, port: int) -> tuple[float, float, float, int]:
+    """Load, time the list requests, print the plans; return (running, newest, cursor ms, tasks)."""
     import httpx
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
+    from agenttasks.api.views import TASK_ORDER
     from agenttasks.models import Task
 
     clean()
@@ -94,6 +96,9 @@ def measure(tasks: int, users: int, port: int) -> tuple[float, float, int]:
         with httpx.Client(timeout=30) as client:
             running = median_ms(client, f"{base}/tasks?status=running", headers)
             newest = median_ms(client, f"{base}/tasks?limit=20", headers)
+            deep = client.get(f"{base}/tasks?limit=20&offset=500", headers=headers).json()
+            cursor = deep["nextCursor"]
+            by_cursor = median_ms(client, f"{base}/tasks?limit=20&cursor={cursor}", headers)
     finally:
         server.kill()
     total = Task.objects.count()
@@ -104,8 +109,11 @@ def measure(tasks: int, users: int, port: int) -> tuple[float, float, int]:
     ):
         plan = qs.order_by("-created_at", "-id")[:20].explain()
         print(f"  {name}: " + " | ".join(line.strip() for line in plan.splitlines()[:4]))
+    after = TASK_ORDER.after(TASK_ORDER.position(cursor))
+    plan = Task.objects.filter(owner=user).filter(after).order_by(*TASK_ORDER.ordering)[:21]
+    print("  cursor page: " + " | ".join(line.strip() for line in plan.explain().splitlines()[:4]))
     clean()
-    return running, newest, total
+    return running, newest, by_cursor, total
 
 
 def main() -> None:
@@ -117,10 +125,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8766)
     args = parser.parse_args()
     setup_django()
-    running, newest, total = measure(args.tasks, args.users, args.port)
+    running, newest, by_cursor, total = measure(args.tasks, args.users, args.port)
     print(f"\nP4 list at scale: {total:,} tasks")
     print(f"  GET /tasks?status=running   median {running:6.1f} ms (goal <= 30 ms)")
     print(f"  GET /tasks (newest page)    median {newest:6.1f} ms (goal <= 30 ms)")
+    print(f"  GET /tasks?cursor= (deep)   median {by_cursor:6.1f} ms (goal <= 30 ms)")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class Reply:
     deadline: float = 5.0
     then: "Reply | None" = None
     label: str = ""  # what the reply was, for `FakeModel.sent`
+    chunks: list | None = None  # a streamed reply: SSE frames, sent one by one (chunked)
+    gap: float = 0.0  # seconds between two frames
 
 
 def _json(value) -> bytes:
@@ -80,6 +82,34 @@ def calls(*specs, usage=U) -> Reply:
         body["usage"] = usage
     label = "calls:" + ",".join(s[0] for s in specs)
     return Reply(body=_json(body), headers={"Content-Type": "application/json"}, label=label)
+
+
+def _frame(value) -> bytes:
+    return b"data: " + (value if isinstance(value, bytes) else _json(value)) + b"\n\n"
+
+
+def streamed(deltas: list[dict], usage=U, gap: float = 0.0, finish="stop") -> Reply:
+    """200 text/event-stream: one chunk per `choices[0].delta`, then usage and [DONE]."""
+    frames = [
+        _frame({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        for delta in deltas
+    ]
+    frames.append(_frame({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
+    if usage is not None:
+        frames.append(_frame({"choices": [], "usage": usage}))
+    frames.append(_frame(b"[DONE]"))
+    return Reply(
+        headers={"Content-Type": "text/event-stream"},
+        chunks=frames,
+        gap=gap,
+        label=f"streamed:{len(deltas)}",
+    )
+
+
+def stream_answer(pieces: list[str], usage=U, gap: float = 0.0) -> Reply:
+    """A streamed answer: the role, then each piece of content in its own chunk."""
+    deltas = [{"role": "assistant", "content": ""}] + [{"content": p} for p in pieces]
+    return streamed(deltas, usage=usage, gap=gap)
 
 
 def http(status, body=b"", headers=None) -> Reply:
@@ -223,11 +253,25 @@ class FakeModel:
                     self.send_response(reply.status)
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
+                    if reply.chunks is not None:
+                        self._send_chunks(reply)
+                        return
                     self.send_header("Content-Length", str(len(reply.body)))
                     self.end_headers()
                     self.wfile.write(reply.body)
                 except OSError:
                     pass  # the client is gone
+
+            def _send_chunks(self, reply):
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for index, chunk in enumerate(reply.chunks):
+                    if index and reply.gap:
+                        time.sleep(reply.gap)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
 
         return Handler
 

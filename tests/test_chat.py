@@ -57,7 +57,7 @@ def sequence(*replies):
 
 
 def approve(action, **resolution):
-    return lifecycle.resolve_action(action.id, {"status": "approved", **resolution})
+    return lifecycle.resolve_action(action.id, {"approved": True, **resolution})
 
 
 # --- tools on the wire (S1–S3) ---------------------------------------------------------------
@@ -69,9 +69,24 @@ def test_s1_no_team_no_tools(model, agents, user, recording_queue):
     task = task_for(user, "solo", "hi")
     run_to_idle(recording_queue)
     (request,) = server.of("m-solo")
-    assert list(request.json) == ["model", "messages"]
+    # Streamed by default (docs/delegation.md#streaming); a whole JSON answer is read as well.
+    assert list(request.json) == ["model", "messages", "stream", "stream_options"]
+    assert (request.json["stream"], request.json["stream_options"]) == (
+        True,
+        {"include_usage": True},
+    )
     done = refresh(task)
     assert (done.status, done.result) == ("completed", "ok")
+
+
+def test_an_agent_with_stream_off_asks_for_a_whole_answer(model, agents, user, recording_queue):
+    agents("solo", model="m-solo", stream=False)
+    server = model.script(lambda r: answer("ok"))
+    task = task_for(user, "solo", "hi")
+    run_to_idle(recording_queue)
+    (request,) = server.of("m-solo")
+    assert list(request.json) == ["model", "messages"]
+    assert refresh(task).result == "ok"
 
 
 def test_s3_tool_order(model, agents, user, recording_queue):
@@ -125,7 +140,7 @@ def test_s25_an_agents_own_approval(model, agents, user, recording_queue, approv
     if approved:
         approve(action)
     else:
-        lifecycle.resolve_action(action.id, {"status": "denied"})
+        lifecycle.resolve_action(action.id, {"approved": False})
     run_to_idle(recording_queue)
     done = refresh(task)
     if approved:
@@ -239,9 +254,7 @@ def test_ask_user_on_a_conversation_without_a_task(model, agents, user, recordin
             "required": ["question"],
         },
     }
-    lifecycle.resolve_action(
-        action.id, {"status": "answered", "answers": {"q1": {"values": ["PDF"]}}}
-    )
+    lifecycle.resolve_action(action.id, {"answers": {"q1": {"values": ["PDF"]}}})
     run_to_idle(recording_queue)
     ended = Run.objects.get(pk=run.id)
     assert (ended.status, ended.output) == ("completed", "asked: PDF")
@@ -342,7 +355,14 @@ def test_s27_the_request_exactly(model, agents, user, recording_queue):
     assert request.headers["accept"] == "application/json"
     assert request.headers["user-agent"].startswith("agenttasks/")
     assert request.raw.startswith(b'{"model":"m-default","messages":')
-    assert list(request.json) == ["model", "messages", "tools", "tool_choice"]
+    assert list(request.json) == [
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "stream",
+        "stream_options",
+    ]
     assert request.json["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
@@ -364,7 +384,15 @@ def test_s27_variations(model, agents, user, recording_queue, monkeypatch):
     (request,) = server.requests
     assert "authorization" not in request.headers and request.headers["x-team"] == "blue"
     assert request.json["model"] == "m-own"
-    assert list(request.json) == ["model", "messages", "tools", "tool_choice", "temperature"]
+    assert list(request.json) == [
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "temperature",
+        "stream",
+        "stream_options",
+    ]
     assert "héllo".encode() in request.raw
 
     url = model.server.url

@@ -674,7 +674,7 @@ def test_a_conversation_run_paused_on_an_escalation_resumes(escalation, user, re
         lifecycle.post_message(conversation.id, "are you there?")
     action = PendingAction.objects.get(status="pending")
     assert [a.id for a, _ in delegation.pending_actions(conversation.id)] == [action.id]
-    lifecycle.resolve_action(action.id, {"status": "approved"})
+    lifecycle.resolve_action(action.id, {"approved": True})
     run_to_idle(recording_queue)
     ended = Run.objects.get(pk=run_row.id)
     assert (ended.status, ended.output) == ("completed", "parent got: asker-done: secret-token")
@@ -717,7 +717,7 @@ def test_the_wake_guard_refuses_a_conversation_paused_on_an_escalated_action(
     assert Wakeup.objects.get(pk=owed.pk).state == "pending"
     assert list(Run.objects.filter(conversation_id=conversation.id)) == [paused_run]
     assert not events(conversation.id, "task.notification")
-    lifecycle.resolve_action(action.id, {"status": "approved"})
+    lifecycle.resolve_action(action.id, {"approved": True})
     run_to_idle(recording_queue)  # the resumed run ends: its boundary delivers the debt
     assert Wakeup.objects.get(pk=owed.pk).state == "delivered"
     assert len(events(conversation.id, "task.notification")) == 1
@@ -726,7 +726,7 @@ def test_the_wake_guard_refuses_a_conversation_paused_on_an_escalated_action(
 def test_s19_a_declined_escalation(escalation, user, recording_queue):
     parent = paused(user, recording_queue)
     action = PendingAction.objects.get(status="pending")
-    lifecycle.resolve_action(action.id, {"status": "denied", "comment": "not today"})
+    lifecycle.resolve_action(action.id, {"approved": False, "comment": "not today"})
     run_to_idle(recording_queue)
     child = delegates().get()
     s1 = tool_results(child.conversation_id)["s1"]
@@ -754,9 +754,7 @@ def test_s20_a_question_escalates(escalation, user, recording_queue):
     assert [o["value"] for o in action.questions[0]["options"]] == ["PDF", "HTML"]
     metadata = tool_escalation(parent)
     assert metadata["pending"]["path"] == [parent.conversation_id, child.conversation_id]
-    lifecycle.resolve_action(
-        action.id, {"status": "answered", "answers": {"q1": {"values": ["PDF"]}}}
-    )
+    lifecycle.resolve_action(action.id, {"answers": {"q1": {"values": ["PDF"]}}})
     run_to_idle(recording_queue)
     assert tool_results(child.conversation_id)["q1"]["content"] == "PDF"
     assert refresh(parent).result == "parent got: asker-done: PDF"
@@ -778,12 +776,12 @@ def test_s21_two_children_paused_by_one_response(escalation, user, recording_que
     assert delegates().count() == 2
     first, second = PendingAction.objects.filter(status="pending").order_by("created_at", "id")
     assert len(delegation.pending_actions(parent.conversation_id)) == 2
-    lifecycle.resolve_action(first.id, {"status": "approved"})
+    lifecycle.resolve_action(first.id, {"approved": True})
     run_to_idle(recording_queue)
     assert Task.objects.get(run_id=first.run_id).status == "completed"
     assert refresh(parent).status == "waiting_for_input"
     assert escalation.served["m-parent"] == 1
-    lifecycle.resolve_action(second.id, {"status": "approved"})
+    lifecycle.resolve_action(second.id, {"approved": True})
     run_to_idle(recording_queue)
     assert escalation.served["m-parent"] == 2
     results = tool_results(parent.conversation_id)
@@ -965,7 +963,7 @@ def test_a_child_resumed_while_its_caller_is_paused_spends_the_callers_remainder
     )
     task = run(user, recording_queue, "coordinator")
     assert (task.status, task.run.total_tokens) == ("waiting_for_input", 6)  # 2 own + 4 absorbed
-    lifecycle.resolve_action(PendingAction.objects.get(status="pending").id, {"status": "approved"})
+    lifecycle.resolve_action(PendingAction.objects.get(status="pending").id, {"approved": True})
     run_to_idle(recording_queue)
     child, task = delegates().get(), refresh(task)
     caller_variant = 'The max_tokens budget (10) of the calling agent "coordinator" was reached'
@@ -1036,7 +1034,7 @@ def test_s38_deleting_the_caller_conversation_deletes_the_delegation_tree(
     nested, user, recording_queue
 ):
     top = run(user, recording_queue, "top")
-    lifecycle.resolve_action(PendingAction.objects.get(status="pending").id, {"status": "approved"})
+    lifecycle.resolve_action(PendingAction.objects.get(status="pending").id, {"approved": True})
     run_to_idle(recording_queue)
     assert refresh(top).status == "completed"
     hidden = list(delegates().values_list("conversation_id", flat=True))

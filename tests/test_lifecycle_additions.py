@@ -335,7 +335,7 @@ def test_7_9_4_comment_refusals(parent, parent_run, user):
         with pytest.raises(TaskBusy) as raised:
             lifecycle.comment(t, "hello?", author=user)
         assert str(raised.value) == "tasks: task is working"  # the model-facing name
-        assert raised.value.status == status and raised.value.info.status == "working"
+        assert raised.value.status == status and raised.value.info.status == status
         assert _counts(t) == before
 
     before = _counts(paused)
@@ -343,7 +343,7 @@ def test_7_9_4_comment_refusals(parent, parent_run, user):
         lifecycle.comment(paused, "hello?", author=user)
     assert str(raised.value) == "tasks: task is waiting on an approval or a question"
     assert raised.value.action_ids == [action.id]
-    assert raised.value.info.status == "input_required"
+    assert raised.value.info.status == "waiting_for_input"
     assert _counts(paused) == before
     action.refresh_from_db()
     assert action.status == "pending"
@@ -386,7 +386,7 @@ def test_7_9_5_legacy_clarification(parent, parent_run, user, signal_log):
         assert signal_log.finished == []
         question = Comment.objects.get(task_id=t)
         assert (question.role, question.content) == ("agent", "Which format?")
-        assert lifecycle.status(t).status == "input_required"
+        assert lifecycle.status(t).status == "waiting_for_input"
 
         lifecycle.comment(t, "PDF", author=user)
         task = row(t)
@@ -628,7 +628,7 @@ def test_7_9_14_a_graceful_stop_that_meets_a_pause_ends_the_task(parent, parent_
     t = spawn(parent, parent_run)
     start(t)
     info = lifecycle.stop(t, graceful=True)
-    assert info.status == "working" and row(t).run.stop_request == "after_turn"
+    assert info.status == "running" and row(t).run.stop_request == "after_turn"
     # The agent's turn ends asking for approval (its runtime had not seen the request yet).
     task = finish(t, "input_required", actions=(APPROVAL,))
     assert task.status == "cancelled"
@@ -652,7 +652,7 @@ def test_7_9_14_the_callable_runtime_ends_instead_of_pausing(parent, parent_run,
     try:
         t = lifecycle.spawn(parent, "approver-7-9-14", "ship", parent_run=parent_run).task_id
         run = start(t)
-        assert lifecycle.stop(t, graceful=True).status == "working"
+        assert lifecycle.stop(t, graceful=True).status == "running"
         run = Run.objects.select_related("conversation", "task").get(pk=run.pk)
         flag = StopFlag()
         flag.set(run.stop_request)

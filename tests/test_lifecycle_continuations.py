@@ -77,7 +77,7 @@ def test_7_3_1_runs_chain_under_one_task(h):
     assert (first.task_id, first.trigger, first.input) == (t, "initial", "do it")
 
     task = h.finish(t, "completed", text="one")
-    assert lifecycle.status(t).status == "working"
+    assert lifecycle.status(t).status == "pending"
     second = task.run
     assert second.id != first.id and second.task_id == t
     assert task.state == {"step": 2} and task.attempt == 1 and task.continuations == 1
@@ -336,7 +336,7 @@ def test_7_3_14_the_ceiling_ends_an_endless_chain(h):
     assert len(h.finished(t)) == 1
 
     info = lifecycle.retry(t)
-    assert info.status == "working" and row(t).continuations == 0
+    assert info.status == "pending" and row(t).continuations == 0
     task = h.finish(t, "completed", text="four")
     assert (task.status, task.continuations, task.run.trigger) == ("pending", 1, "continuation")
     assert task.attempt == 2 and task.state == {"n": 4}

@@ -190,7 +190,7 @@ def test_7_1_5_concurrency_is_capped(spawn, settings, recording_queue):
     assert len(recording_queue.run_ids) == 2
     lifecycle.stop(first.task_id)
     third = spawn()
-    assert third.status == "working"
+    assert third.status == "pending"
     assert row(third).status == "pending"
 
 
@@ -216,7 +216,7 @@ def test_delegate_tasks_do_not_count_against_the_per_parent_cap(
         spawn()  # the one slot is taken
     fail(first, "rate limited")
     retried = lifecycle.retry(first.task_id)  # the freed slot, beside the live delegate
-    assert (retried.status, retried.attempt) == ("working", 2)
+    assert (retried.status, retried.attempt) == ("pending", 2)
     assert row(delegate).status == "pending"
 
 
@@ -403,7 +403,7 @@ def test_7_1_17_a_wait_is_bounded(spawn, settings):
     began = time.monotonic()
     info = lifecycle.status(t.id, wait=3600)
     assert time.monotonic() - began < 1.0
-    assert info.status == "working"
+    assert info.status == "running"
 
 
 def test_7_1_18_a_graceful_completion_is_a_cancellation(spawn, signal_log):
@@ -484,14 +484,14 @@ def test_7_1_24_a_graceful_stop_defers_to_the_run(spawn):
     t = start(spawn())
     with CaptureQueriesContext(connection) as captured:
         info = lifecycle.stop(t.id, graceful=True)
-    assert info.status == "working"
+    assert info.status == "running"
     task = row(t)
     assert task.status == "running"
     assert task.run.stop_request == "after_turn"
     assert _stop_request_writes(captured) == 1
     # Asking again changes nothing: the request is written once.
     with CaptureQueriesContext(connection) as captured:
-        assert lifecycle.stop(t.id, graceful=True).status == "working"
+        assert lifecycle.stop(t.id, graceful=True).status == "running"
     assert _stop_request_writes(captured) == 0
     assert row(t).run.stop_request == "after_turn"
 
@@ -534,7 +534,7 @@ def test_7_1_25_a_paused_task_is_claimed_before_anyone_acts_on_the_stop(
     assert action.status == "cancelled"
     assert len(for_task(signal_log.delivered, t)) == 1
 
-    assert lifecycle.resolve_action(action.id, {"status": "approved"}) is None
+    assert lifecycle.resolve_action(action.id, {"approved": True}) is None
     action.refresh_from_db()
     assert action.status == "cancelled"
     task = row(t)
@@ -613,7 +613,7 @@ def test_7_1_29_a_graceful_stop_nothing_can_honour_finalizes(spawn):
 def test_7_1_30_a_graceful_stop_leaves_the_ending_to_a_live_run(spawn):
     t = start(spawn())
     info = lifecycle.stop(t.id, graceful=True)
-    assert info.status == "working"
+    assert info.status == "running"
     assert row(t).status not in TERMINAL
     # The run then records its own ending.
     t = finish(t, "completed", graceful=True)

@@ -96,7 +96,7 @@ def test_7_2_1_retry_keeps_task_and_conversation_and_changes_the_run(h):
     task = row(t)
     assert task.id == before.id and task.conversation_id == before.conversation_id
     assert task.run_id and task.run_id != before.run_id and info.run_id == task.run_id
-    assert info.status == "working" and task.status == "pending"
+    assert info.status == "pending" and task.status == "pending"
     assert task.attempt == 2 and info.attempt == 2
     assert (task.summary, task.result, task.error) == ("", "", "")
     run = task.run
@@ -143,7 +143,7 @@ def test_7_2_3_only_a_failed_task_is_retried(h):
         assert str(refused.value) == (
             f"tasks: cannot retry a task that is {name}; only a failed task can be retried"
         )
-        assert refused.value.info.status == name and refused.value.info.task_id == t
+        assert refused.value.info.status == status and refused.value.info.task_id == t
         assert row(t).run_id == before.run_id and len(runs_of(t)) == 1
 
 
@@ -238,7 +238,7 @@ def test_7_2_9_launch_failures_spend_no_attempts(h):
         assert row(t).attempt == 1
     h.queue.fail_with = None
     info = lifecycle.retry(t)
-    assert info.attempt == 2 and info.status == "working" and row(t).attempt == 2
+    assert info.attempt == 2 and info.status == "pending" and row(t).attempt == 2
 
 
 def test_7_2_10_the_debt_of_a_failed_retry_follows_the_caller(h):
@@ -318,7 +318,7 @@ def test_7_2_13_a_stale_finalize_cannot_end_the_new_attempt(h):
     old_run = h.fail(t, "flaky").run_id
     lifecycle.retry(t)
     assert store.finalize(t, old_run, "cancelled") is None
-    assert lifecycle.status(t).status == "working"
+    assert lifecycle.status(t).status == "pending"
     task = h.finish(t, "completed", text="done")
     assert (task.status, task.result) == ("completed", "done")
 
@@ -415,7 +415,7 @@ def test_7_2_20_model_has_result_settles_only_what_the_model_was_handed(h):
     t = h.spawn()
     h.start(t)
     told_working = lifecycle.status(t)
-    assert told_working.status == "working"
+    assert told_working.status == "running"
     h.finish(t, "completed", text="done")
     lifecycle.model_has_result(told_working)
     assert Wakeup.objects.get(task_id=t).state == "pending"

@@ -21,6 +21,7 @@ from agenttasks.runtime.task_tools import (
     describe,
     spawn_tool,
     task_tools,
+    unnamed,
 )
 from agenttasks.types import NewTask, RunOutcome
 
@@ -135,7 +136,7 @@ def test_7_4_5_stopping_a_finished_task_is_a_result(parent, parent_run):
     assert out.is_error is True
     assert "completed" in out.text
     # A card, not a tool error: its text is the card alone.
-    assert out.text == describe(lifecycle.status(t))
+    assert out.text == describe(unnamed(lifecycle.status(t)))
     assert out.display == "task" and out.details["task_status"] == "completed"
     assert row(t).status == "completed"
 
@@ -182,7 +183,7 @@ def test_7_4_8_a_retry_refusal_is_a_result(parent, parent_run):
     assert "only a failed task can be retried" in out.text and "completed" in out.text
     assert out.text == (
         "tasks: cannot retry a task that is completed; only a failed task can be retried\n"
-        + describe(lifecycle.status(t))
+        + describe(unnamed(lifecycle.status(t)))
     )
     assert out.details["task_status"] == "completed"
     assert row(t).status == "completed"

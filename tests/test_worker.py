@@ -92,9 +92,7 @@ def test_approver_approved_and_denied(start_cluster, user, approved, reply):
     settled(task.id, ("waiting_for_input",))
     action = PendingAction.objects.get(task=task)
     assert (action.kind, action.tool_name, action.args) == ("approval", "deploy", {"env": "prod"})
-    assert lifecycle.resolve_action(
-        action.id, {"status": "approved" if approved else "denied", "decided_by": user}
-    )
+    assert lifecycle.resolve_action(action.id, {"approved": approved}, decided_by=user)
     done = settled(task.id)
     assert (done.status, done.result) == ("completed", reply)
     # The resumed run is the same run: one run.started, one run in all.
@@ -111,9 +109,7 @@ def test_asker_answered(start_cluster, user):
         {"label": "PDF", "value": "PDF"},
         {"label": "HTML", "value": "HTML"},
     ]
-    lifecycle.resolve_action(
-        action.id, {"status": "answered", "answers": {"q1": {"values": ["HTML"]}}}
-    )
+    lifecycle.resolve_action(action.id, {"answers": {"q1": {"values": ["HTML"]}}})
     assert settled(task.id).result == "format: HTML"
 
 
@@ -139,7 +135,7 @@ def test_slow_task_stopped_gracefully(start_cluster, user, tmp_path):
     task = create(user, "gate", metadata={"gate": str(gate)})
     settled(task.id, ("running",))
     info = lifecycle.stop(task.id, graceful=True)
-    assert info.status == "working"
+    assert info.status == "running"
     assert Run.objects.get(pk=task.run_id).stop_request == "after_turn"
     gate.touch()
     done = settled(task.id)

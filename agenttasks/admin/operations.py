@@ -75,7 +75,7 @@ def cancel(task_id: str, *, graceful: bool) -> tuple[str, bool]:
         return f"not cancelled: {exc}", False
     if info.status == TaskStatus.CANCELLED:
         return "cancelled", True
-    if graceful and info.status in ("working", "input_required"):
+    if graceful and info.status in LIVE:
         return "will stop after this turn", True
     return f"not cancelled: it is {_status_now(task_id)}", False
 

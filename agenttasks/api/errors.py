@@ -87,7 +87,7 @@ def method_not_allowed(request) -> ApiError:
     )
 
 
-def _translate(exc, context) -> ApiError | None:
+def translate(exc, context) -> ApiError | None:
     """Map DRF's and Django's exceptions onto the envelope; None for a real fault."""
     request = context.get("request")
     if isinstance(exc, ApiError):
@@ -134,7 +134,7 @@ def _translate(exc, context) -> ApiError | None:
 
 def handle(exc, context):
     """The exception handler of the app's views (docs/rest.md#errors)."""
-    error = _translate(exc, context)
+    error = translate(exc, context)
     set_rollback()
     if error is None:
         logger.error("api.internal_error", exc_info=(type(exc), exc, exc.__traceback__))

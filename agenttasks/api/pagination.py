@@ -1,4 +1,7 @@
-"""limit/offset pages (docs/rest.md#pagination) and the strict parsing of integer query parameters."""
+"""limit/offset pages (docs/rest.md#pagination) and the strict parsing of integer query parameters.
+
+Cursor pages and the page body are in `cursors`.
+"""
 
 import re
 
@@ -44,13 +47,3 @@ def page(queryset, limit: int, offset: int) -> tuple[list, int]:
     if offset >= total:
         return [], total
     return list(queryset[offset : offset + limit]), total
-
-
-def page_body(key: str, items: list, total: int, limit: int, offset: int) -> dict:
-    return {
-        key: items,
-        "total": total,
-        "limit": limit,
-        "offset": offset,
-        "hasMore": offset + len(items) < total,
-    }

@@ -12,6 +12,7 @@ from typing import Any
 from rest_framework import serializers
 
 from .. import callbacks, files, lifecycle
+from ..answers import AnswerError, checked, unstorable
 from ..conf import app_settings
 from ..models import (
     RESERVED_METADATA,
@@ -41,32 +42,9 @@ TASK_STATUSES = list(TaskStatus.values)
 # --- checks shared by the request bodies -----------------------------------------------------
 
 
-def _unstorable(value, path: str) -> str | None:
-    """Return the path of the first text a database cannot store (NUL, lone surrogate), or None."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            return path
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _unstorable(key, path) or _unstorable(item, f"{path}.{key}")
-            if found:
-                return found
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _unstorable(item, f"{path}[{i}]")
-            if found:
-                return found
-    return None
-
-
 def storable(value, path: str) -> None:
     """Refuse text the database cannot store, rather than failing with a 500 later."""
-    bad = _unstorable(value, path)
+    bad = unstorable(value, path)
     if bad:
         raise errors.validation(
             f"{bad} must not contain NUL characters or unpaired surrogates", bad
@@ -304,82 +282,10 @@ class ActionAnswerSerializer(Body):
     )
 
     def check(self, data):
-        action = self.context["action"]
-        if action.kind == "approval":
-            return approval(data)
-        return question_answers(action, data)
-
-
-def approval(data: dict) -> dict:
-    approved = data.get("approved")
-    if not isinstance(approved, bool):
-        raise errors.validation("approved must be a boolean", "approved")
-    out = {"status": "approved" if approved else "denied"}
-    comment = data.get("comment")
-    if comment is not None:
-        if not isinstance(comment, str):
-            raise errors.validation("comment must be a string", "comment")
-        if len(comment) > 2000:
-            raise errors.validation("comment must be at most 2000 characters", "comment")
-        storable(comment, "comment")
-        if comment:
-            out["comment"] = comment
-    return out
-
-
-def _answer(value, at: str):
-    """Normalize one answer to {"values": [...], "freeText"?}; None when malformed."""
-    if isinstance(value, str):
-        return {"values": [value] if value else []}
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return {"values": [v for v in value if v]}
-    if isinstance(value, dict):
-        values = value.get("values", [])
-        free = value.get("freeText")
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            return None
-        if free is not None and not isinstance(free, str):
-            return None
-        out: dict[str, Any] = {"values": [v for v in values if v]}
-        if free:
-            out["freeText"] = free
-        return out
-    return None
-
-
-def question_answers(action, data: dict) -> dict:
-    answers = data.get("answers")
-    if not isinstance(answers, dict):
-        raise errors.validation("answers is required", "answers")
-    questions = {q["id"]: q for q in action.questions or []}
-    for qid in answers:
-        if qid not in questions:
-            raise errors.validation(f"answers.{qid}: unknown question", f"answers.{qid}")
-    storable(answers, "answers")
-    normalized = {}
-    for qid, q in questions.items():
-        at = f"answers.{qid}"
-        answer = _answer(answers[qid], at) if qid in answers else {"values": []}
-        if answer is None:
-            raise errors.validation(
-                f"{at} must be a value, a list of values or an object with values", at
-            )
-        values, free = answer["values"], answer.get("freeText")
-        if not values and not free:
-            if q.get("required", True):
-                raise errors.validation(f"{at} is required", at)
-            continue
-        options = [o.get("value", o.get("label")) for o in q.get("options") or []]
-        if options and not q.get("allowFreeText", not options):
-            for value in values:
-                if value not in options:
-                    raise errors.validation(f'{at}: "{value}" is not an option', at)
-            if free:
-                raise errors.validation(f"{at} takes no free text", at)
-        if len(values) > 1 and not q.get("multiSelect", False):
-            raise errors.validation(f"{at} takes one value", at)
-        normalized[qid] = answer
-    return {"status": "answered", "answers": normalized}
+        try:
+            return checked(self.context["action"], data)
+        except AnswerError as exc:
+            raise errors.validation(exc.message, *([exc.field] if exc.field else [])) from None
 
 
 # --- response shapes -------------------------------------------------------------------------
@@ -488,6 +394,7 @@ class TaskStatusSerializer(Shape):
     conversationId = serializers.CharField()
     attempt = serializers.IntegerField(min_value=1)
     progress = serializers.CharField(required=False)
+    summary = serializers.CharField(required=False)
     createdAt = serializers.DateTimeField()
     updatedAt = serializers.DateTimeField()
     startedAt = serializers.DateTimeField(required=False)
@@ -495,7 +402,8 @@ class TaskStatusSerializer(Shape):
     error = serializers.CharField(required=False)
 
     @staticmethod
-    def present(task: Task) -> dict:
+    def present(task: Task, result: TaskResult | None = None) -> dict:
+        """The status body; `result` is the task's TaskResult, when it has one."""
         out = {
             "taskId": task.id,
             "status": task.status,
@@ -503,6 +411,9 @@ class TaskStatusSerializer(Shape):
             "attempt": task.attempt_no(),
         }
         _put(out, "progress", lifecycle.progress_line(task))
+        # A partial result (a pause) writes no summary of its own: its start is the summary.
+        fallback = result.content[: app_settings.SUMMARY_LIMIT] if result is not None else ""
+        _put(out, "summary", task.summary or fallback)
         out["createdAt"] = iso(task.created_at)
         out["updatedAt"] = iso(task.updated_at)
         _put(out, "startedAt", iso(task.started_at))
@@ -538,6 +449,12 @@ class TaskResultSerializer(Shape):
         _put(out, "usage", usage(result.usage))
         out["createdAt"] = iso(result.created_at)
         return out
+
+
+class TaskWaitSerializer(TaskStatusSerializer):
+    """The status body of /wait, with the TaskResult when `include=result` asks for it."""
+
+    result = TaskResultSerializer(required=False)
 
 
 class QuestionOptionSerializer(serializers.Serializer):
@@ -915,6 +832,9 @@ class PageFields(serializers.Serializer):
     limit = serializers.IntegerField(min_value=1)
     offset = serializers.IntegerField(min_value=0)
     hasMore = serializers.BooleanField()
+    nextCursor = serializers.CharField(
+        allow_null=True, help_text="The cursor of the next page; null on the last page."
+    )
 
 
 class TaskEnvelopeSerializer(serializers.Serializer):

@@ -15,13 +15,16 @@ and ends when the client has gone; under ASGI the server cancels it at the disco
 """
 
 import asyncio
+import collections
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 
+from .. import deltas
 from ..conf import app_settings
 from ..listen import conversation_key, hub
 from ..models import Conversation, Event, Run, Task
@@ -77,6 +80,8 @@ class EventStream:
         self.client_fd = client_fd
         self.last = 0
         self.done = False
+        self.deltas: collections.deque = collections.deque()  # (run id, piece), not yet sent
+        self._reader: Callable[[str, str], None] | None = None
         self._checked = time.monotonic()
         self._client_checked = self._renewed = time.monotonic()
 
@@ -102,7 +107,35 @@ class EventStream:
             self.done = True
 
     def release(self) -> None:
+        self.detach()
         self.held.release()
+
+    # --- transient deltas (message.delta: never stored, no id, never replayed) ----------------
+
+    def attach(self, woken) -> None:
+        """Receive the deltas of the conversation's runs while the stream is open."""
+
+        def reader(run_id: str, piece: str) -> None:
+            self.deltas.append((run_id, piece))
+            woken.set()
+
+        self._reader = reader
+        deltas.subscribe(self.conversation_id, reader)
+
+    def detach(self) -> None:
+        if self._reader is not None:
+            deltas.unsubscribe(self.conversation_id, self._reader)
+            self._reader = None
+
+    def delta_frames(self) -> str:
+        """The deltas received since the last call, as `message.delta` frames without `id:`."""
+        out = []
+        while self.deltas:
+            run_id, piece = self.deltas.popleft()
+            out.append(
+                f"event: message.delta\ndata: {_json({'runId': run_id, 'delta': piece})}\n\n"
+            )
+        return "".join(out)
 
     # --- reads (each runs in a thread that may use the ORM) -----------------------------------
 
@@ -199,6 +232,7 @@ def sync_stream(stream: EventStream):
     started = time.monotonic()
     try:
         with hub.subscribe(conversation_key(stream.conversation_id)) as woken:
+            stream.attach(woken)
             yield stream.snapshot()
             text = stream.replay()
             if text:
@@ -206,7 +240,8 @@ def sync_stream(stream: EventStream):
             sent = time.monotonic()
             while not stream.done and time.monotonic() - started < limit:
                 woken.clear()
-                text = stream.poll()
+                # Deltas first: a reply's pieces come before the message that stores it.
+                text = stream.delta_frames() + stream.poll()
                 if text:
                     yield text
                     sent = time.monotonic()
@@ -234,6 +269,7 @@ async def async_stream(stream: EventStream):
     started = time.monotonic()
     try:
         with hub.subscribe(conversation_key(stream.conversation_id)) as woken:
+            stream.attach(woken)
             yield await sync_to_async(stream.snapshot)()
             text = await sync_to_async(stream.replay)()
             if text:
@@ -241,7 +277,7 @@ async def async_stream(stream: EventStream):
             sent = time.monotonic()
             while not stream.done and time.monotonic() - started < limit:
                 woken.clear()
-                text = await sync_to_async(stream.poll)()
+                text = stream.delta_frames() + await sync_to_async(stream.poll)()
                 if text:
                     yield text
                     sent = time.monotonic()

@@ -37,12 +37,17 @@ from ..exceptions import (
     RunNotFound,
     TaskNotFound,
 )
-from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task
+from ..models import Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult
 from ..runtime import delegation
 from ..states import LIVE, RUN_ACTIVE, TERMINAL, ActionStatus, TaskKind, TaskStatus
 from . import body, errors, slots, streams
 from . import serializers as s
-from .pagination import SQL_MAX, non_negative, page, page_body, page_params
+from .cursors import Keyset, keyset_page
+from .cursors import page_body as cursor_page_body
+from .cursors import params as cursor_params
+from .idempotency import HEADER as IDEMPOTENCY_HEADER
+from .idempotency import REPLAYED, idempotent
+from .pagination import SQL_MAX, non_negative, page_params
 from .permissions import IdentityRequired, check_owner, owner_id, user_of
 from .throttling import throttles_for
 
@@ -87,6 +92,7 @@ def _errors(*statuses: int) -> dict:
         405: "Method not allowed",
         409: "State conflict",
         415: "Unsupported media type",
+        422: "Idempotency-Key reused with another request (idempotency_key_reused)",
         429: "Throttled (rate_limited)",
         500: "Server fault (INTERNAL_ERROR)",
     }
@@ -100,10 +106,39 @@ def _query(name: str, description: str, type=OpenApiTypes.STR) -> OpenApiParamet
     return OpenApiParameter(name, type, OpenApiParameter.QUERY, description=description)
 
 
+def _response_header(name: str, description: str, codes: list[int]) -> OpenApiParameter:
+    return OpenApiParameter(
+        name, OpenApiTypes.STR, OpenApiParameter.HEADER, description=description, response=codes
+    )
+
+
+LOCATION = _response_header("Location", "The full path of the new resource.", [201])
+
+
+def keyed(*success: int) -> list[OpenApiParameter]:
+    """The Idempotency-Key request header, and the replay marker on the success answers."""
+    return [
+        OpenApiParameter(
+            IDEMPOTENCY_HEADER,
+            OpenApiTypes.STR,
+            OpenApiParameter.HEADER,
+            description="1-255 printable ASCII characters; a repeat replays the first answer.",
+        ),
+        _response_header(REPLAYED, "true when this answer is a replay.", list(success)),
+    ]
+
+
 PAGE_PARAMETERS = [
     _query("limit", "Page size (clamped to the maximum).", OpenApiTypes.INT),
-    _query("offset", "Items to skip.", OpenApiTypes.INT),
+    _query("offset", "Items to skip (not with cursor).", OpenApiTypes.INT),
+    _query("cursor", "The nextCursor of the previous page (not with offset)."),
 ]
+TASK_ORDER = Keyset("tasks", ("created_at", "id"), descending=True)
+CONVERSATION_ORDER = Keyset("conversations", ("updated_at", "id"), descending=True)
+MESSAGE_ORDER = {
+    "asc": Keyset("messages.asc", ("seq",), descending=False),
+    "desc": Keyset("messages.desc", ("seq",), descending=True),
+}
 
 
 class ApiView(APIView):
@@ -255,7 +290,7 @@ class TaskListView(ApiView):
         responses={200: s.TaskPageSerializer, **_errors(400)},
     )
     def get(self, request):
-        limit, offset = page_params(request, 20, 100)
+        limit, offset, position = cursor_params(request, TASK_ORDER, 20, 100)
         params = request.query_params
         statuses = None
         if params.get("status") is not None:
@@ -278,19 +313,23 @@ class TaskListView(ApiView):
                 rows = rows.filter(**{field: value})
         if statuses is not None:
             rows = rows.filter(status__in=statuses)
-        items, total = (
-            ([], 0) if empty else page(rows.order_by("-created_at", "-id"), limit, offset)
+        items, total, offset, after = (
+            ([], 0, offset, None)
+            if empty
+            else keyset_page(rows, TASK_ORDER, limit, offset, position)
         )
         tasks = [s.TaskSerializer.present(t) for t in items]
-        return Response(page_body("tasks", tasks, total, limit, offset))
+        return Response(cursor_page_body("tasks", tasks, total, limit, offset, after))
 
     @extend_schema(
         operation_id="createTask",
         tags=["Tasks"],
         summary="Create a task",
         request=s.TaskCreateSerializer,
-        responses={201: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[LOCATION, *keyed(201)],
+        responses={201: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request):
         data = s.TaskCreateSerializer.validated(self.body)
         agent = exposed_agent(data["agent_id"])
@@ -363,8 +402,9 @@ class TaskStatusView(ApiView):
         responses={200: s.TaskStatusSerializer, **_errors(403, 404)},
     )
     def get(self, request, taskId):
-        task = self.task(taskId, queryset=Task.objects.select_related("run"))
-        return Response(s.TaskStatusSerializer.present(task))
+        task = self.task(taskId, queryset=Task.objects.select_related("run", "task_result"))
+        result = getattr(task, "task_result", None)
+        return Response(s.TaskStatusSerializer.present(task, result))
 
 
 class TaskWaitView(ApiView):
@@ -377,13 +417,17 @@ class TaskWaitView(ApiView):
                 "timeout",
                 "Seconds to wait (default 30, clamped to MAX_STATUS_WAIT).",
                 OpenApiTypes.NUMBER,
-            )
+            ),
+            _query("include", "result: also carry the task's result when it has one."),
         ],
-        responses={200: s.TaskStatusSerializer, **_errors(400, 403, 404)},
+        responses={200: s.TaskWaitSerializer, **_errors(400, 403, 404)},
     )
     def get(self, request, taskId):
         task = self.task(taskId, queryset=Task.objects.select_related("run"))
         timeout = min(seconds(request.query_params.get("timeout")), app_settings.MAX_STATUS_WAIT)
+        include = request.query_params.get("include")
+        if include is not None and include != "result":
+            raise errors.validation("include must be result", "include")
         # The wait's place lapses on its own shortly after the wait would have returned.
         held = slots.take(
             request,
@@ -405,7 +449,13 @@ class TaskWaitView(ApiView):
             held.release()
         if Conversation.objects.filter(pk=task.conversation_id, deleting_at__isnull=False).exists():
             raise errors.not_found(f"Task not found: {taskId}")
-        return Response(s.TaskStatusSerializer.present(task))
+        result = None
+        if include or (not task.summary and task.status == TaskStatus.WAITING_FOR_INPUT):
+            result = TaskResult.objects.filter(task_id=task.id).first()
+        out = s.TaskStatusSerializer.present(task, result)
+        if include and result is not None:
+            out["result"] = s.TaskResultSerializer.present(result)
+        return Response(out)
 
 
 def seconds(raw: str | None, default: float = 30.0) -> float:
@@ -468,8 +518,10 @@ class TaskCommentsView(ApiView):
         tags=["Tasks"],
         summary="Comment on a task, re-opening it",
         request=s.CommentCreateSerializer,
-        responses={201: s.CommentCreatedSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[LOCATION, *keyed(201)],
+        responses={201: s.CommentCreatedSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CommentCreateSerializer.validated(self.body)
@@ -493,12 +545,14 @@ class TaskCancelView(ApiView):
         tags=["Tasks"],
         summary="Cancel a task (graceful: after the current turn)",
         request=s.CancelSerializer,
+        parameters=[*keyed(200, 202)],
         responses={
             200: s.TaskEnvelopeSerializer,
             202: s.TaskEnvelopeSerializer,
-            **_errors(400, 403, 404, 409, 415),
+            **_errors(400, 403, 404, 409, 415, 422),
         },
     )
+    @idempotent
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CancelSerializer.validated(self.body)
@@ -525,8 +579,10 @@ class TaskRetryView(ApiView):
         tags=["Tasks"],
         summary="Retry a failed task as a new attempt",
         request=s.EmptySerializer,
-        responses={202: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[*keyed(202)],
+        responses={202: s.TaskEnvelopeSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, taskId):
         task = self.task(taskId)
         s.EmptySerializer.validated(self.body)
@@ -556,27 +612,31 @@ class ConversationListView(ApiView):
         responses={200: s.ConversationPageSerializer, **_errors(400)},
     )
     def get(self, request):
-        limit, offset = page_params(request, 20, 100)
+        limit, offset, position = cursor_params(request, CONVERSATION_ORDER, 20, 100)
         rows = conversation_rows().filter(
             owner_id=owner_id(request), hidden=False, deleting_at__isnull=True
         )
         agent_id = request.query_params.get("agentId")
         if agent_id is not None and not _plain(agent_id):
-            items, total = [], 0
+            items, total, after = [], 0, None
         else:
             if agent_id is not None:
                 rows = rows.filter(agent=agent_id)
-            items, total = page(rows.order_by("-updated_at", "-id"), limit, offset)
+            items, total, offset, after = keyset_page(
+                rows, CONVERSATION_ORDER, limit, offset, position
+            )
         body = [s.ConversationSerializer.present(c) for c in items]
-        return Response(page_body("conversations", body, total, limit, offset))
+        return Response(cursor_page_body("conversations", body, total, limit, offset, after))
 
     @extend_schema(
         operation_id="createConversation",
         tags=["Conversations"],
         summary="Create a conversation",
         request=s.ConversationCreateSerializer,
-        responses={201: s.ConversationEnvelopeSerializer, **_errors(400, 404, 415)},
+        parameters=[LOCATION, *keyed(201)],
+        responses={201: s.ConversationEnvelopeSerializer, **_errors(400, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request):
         data = s.ConversationCreateSerializer.validated(self.body)
         agent = exposed_agent(data["agent_id"])
@@ -649,26 +709,29 @@ class MessagesView(ApiView):
     )
     def get(self, request, conversationId):
         conversation = self.conversation(conversationId)
-        limit, offset = page_params(request, 100, 500)
         order = request.query_params.get("order", "asc")
         if order not in ("asc", "desc"):
             raise errors.validation("order must be asc or desc", "order")
+        limit, offset, position = cursor_params(request, MESSAGE_ORDER[order], 100, 500)
         rows = Event.objects.filter(conversation_id=conversation.id, type__in=MESSAGE_TYPES)
         # A turn that only called tools is logged with null content for the transcript; it is
         # not a message anyone wrote (docs/rest.md#messages).
         rows = rows.exclude(type="message.assistant", data__content=None)
-        rows = rows.order_by("seq" if order == "asc" else "-seq")
-        items, total = page(rows, limit, offset)
+        items, total, offset, after = keyset_page(
+            rows, MESSAGE_ORDER[order], limit, offset, position
+        )
         body = [s.MessageSerializer.present(e) for e in items]
-        return Response(page_body("messages", body, total, limit, offset))
+        return Response(cursor_page_body("messages", body, total, limit, offset, after))
 
     @extend_schema(
         operation_id="postMessage",
         tags=["Conversations"],
         summary="Send a user message; it starts a run of the conversation's agent",
         request=s.MessageCreateSerializer,
-        responses={202: s.MessageAcceptedSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[*keyed(202)],
+        responses={202: s.MessageAcceptedSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, conversationId):
         conversation = self.conversation(conversationId)
         data = s.MessageCreateSerializer.validated(self.body)
@@ -773,7 +836,9 @@ class EventStreamView(ApiView):
         ],
         responses={
             (200, "text/event-stream"): OpenApiResponse(
-                OpenApiTypes.STR, description="snapshot, then id/event/data frames"
+                OpenApiTypes.STR,
+                description="snapshot, then id/event/data frames; transient message.delta "
+                "frames (no id) while a reply is written",
             ),
             **_errors(400, 403, 404),
         },
@@ -849,8 +914,10 @@ class ActionView(ApiView):
         tags=["Actions"],
         summary="Answer an approval or a question",
         request=s.ActionAnswerSerializer,
-        responses={200: s.ActionResolvedSerializer, **_errors(400, 403, 404, 409, 415)},
+        parameters=[*keyed(200)],
+        responses={200: s.ActionResolvedSerializer, **_errors(400, 403, 404, 409, 415, 422)},
     )
+    @idempotent
     def post(self, request, conversationId, actionId):
         conversation = self.conversation(conversationId)
         action = PendingAction.objects.filter(pk=actionId).first() if _plain(actionId) else None

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agenttasks', '0008_action_deadlines'),
+        ('agenttasks', '0009_idempotency_keys'),
     ]
 
     operations = [

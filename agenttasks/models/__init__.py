@@ -4,6 +4,7 @@ from ..a2a.models import A2AContext, A2APushConfig
 from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
+from .idempotency import IdempotencyKey
 from .run import Run
 from .slot import Slot
 from .task import Comment, Task, TaskResult
@@ -17,6 +18,7 @@ __all__ = [
     "Conversation",
     "Event",
     "File",
+    "IdempotencyKey",
     "PendingAction",
     "Run",
     "Slot",

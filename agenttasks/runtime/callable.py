@@ -1,6 +1,7 @@
 """The callable runtime: a Python function `handle(ctx) -> Reply` runs the whole turn."""
 
 from ..types import RunOutcome
+from . import result_files
 from .base import GracefulStop, PauseRun, Reply, RunContext, RunStopped
 
 
@@ -30,6 +31,7 @@ def execute(ctx: RunContext) -> RunOutcome:
             usage=reply.usage,
         )
     ctx.check_cancelled()
+    stored = result_files.store(ctx, reply.files)
     return RunOutcome(
         ctx.run_id,
         "completed",
@@ -41,6 +43,6 @@ def execute(ctx: RunContext) -> RunOutcome:
             "content": reply.content,
             "metadata": metadata,
             "usage": reply.usage,
-            "files": reply.files,
+            "files": stored,
         },
     )

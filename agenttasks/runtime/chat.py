@@ -10,7 +10,7 @@ is model_client.py.
 import logging
 from dataclasses import dataclass, field
 
-from .. import store
+from .. import deltas, store
 from ..models import Event, PendingAction, Run
 from ..registry import ASK_USER_PATH
 from ..states import TaskKind
@@ -20,6 +20,7 @@ from . import approvals, delegation
 from . import task_tools as background
 from .base import RunContext, RunStopped
 from .budget import BudgetExceeded
+from .content import user_content
 from .model_client import POLL, ModelClient, ModelError, Response
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,12 @@ def transcript(conversation_id: str, system_prompt: str) -> tuple[list[dict], li
     slot_of: dict[str, tuple[dict, str, list, dict]] = {}
     for event in events:
         data = event.data or {}
-        if event.type in ("message.user", "task.notification"):
+        if event.type == "message.user" and data.get("files"):
+            # Files reach the model as content parts (docs/delegation.md#files).
+            entries.append(
+                {"role": "user", "content": user_content(data.get("content", ""), data["files"])}
+            )
+        elif event.type in ("message.user", "task.notification"):
             entries.append({"role": "user", "content": data.get("content", "")})
         elif event.type == "message.assistant":
             message = {"role": "assistant", "content": data.get("content")}
@@ -194,6 +200,7 @@ class ChatRun:
                 messages,
                 [spec.schema() for spec in self.tools.values()],
                 self.agent.model_params or {},
+                on_delta=self._publish_delta if self.agent.stream else None,
             )
             usage = response.usage
             self.budget.spend(
@@ -227,6 +234,10 @@ class ChatRun:
             self.ctx.conversation_id,
             [(kind, data, self.run.id, other or task_id) for kind, data, other in events],
         )
+
+    def _publish_delta(self, piece: str) -> None:
+        """Hand a piece of the reply being written to the conversation's live readers."""
+        deltas.publish(self.ctx.conversation_id, self.run.id, piece)
 
     def _append_assistant(self, response: Response) -> None:
         usage = response.usage

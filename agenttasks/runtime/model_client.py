@@ -7,9 +7,11 @@ disconnects. The loop that decides what to send lives in chat.py.
 
 import json
 import logging
+import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpcore
@@ -19,6 +21,7 @@ from .. import __version__
 from ..conf import app_settings
 from .base import RunContext, RunStopped
 from .budget import Budget, BudgetExceeded
+from .streaming import Accumulator, StreamError
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,16 @@ def _detail(response: httpx.Response) -> str:
     return detail[:500] + "…" if len(detail) > 500 else detail
 
 
+def _drain(deltas: queue.Queue | None, on_delta: Callable | None) -> None:
+    """Hand the pieces that arrived to the run, in order, in the run's own thread."""
+    while deltas is not None and on_delta is not None:
+        try:
+            piece = deltas.get_nowait()
+        except queue.Empty:
+            return
+        on_delta(piece)
+
+
 def _retry_after(response: httpx.Response) -> float | None:
     try:
         return min(float(response.headers.get("Retry-After", "")), 30.0)
@@ -104,7 +117,12 @@ def parse_response(response: httpx.Response) -> Response:
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
     if not isinstance(message, dict):
         raise ModelError("Model server response has no choices[0].message")
-    return Response(_content(message.get("content")), _calls(message), _usage(data.get("usage")))
+    return from_message(message, data.get("usage"))
+
+
+def from_message(message: dict, usage) -> Response:
+    """A Response from `choices[0].message` and `usage` (answered whole or joined from a stream)."""
+    return Response(_content(message.get("content")), _calls(message), _usage(usage))
 
 
 def _content(content) -> str | None:
@@ -190,7 +208,14 @@ class _TrackingBackend(httpcore.NetworkBackend):
 class _Exchange(threading.Thread):
     """One HTTP request in a thread of its own, which the run can abandon and disconnect."""
 
-    def __init__(self, url: str, headers: dict, body: bytes, timeout: float):
+    def __init__(
+        self,
+        url: str,
+        headers: dict,
+        body: bytes,
+        timeout: float,
+        deltas: queue.Queue | None = None,
+    ):
         super().__init__(name="agenttasks-model", daemon=True)
         self.sockets: list = []
         transport = httpx.HTTPTransport()
@@ -203,16 +228,36 @@ class _Exchange(threading.Thread):
         self.response: httpx.Response | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        # Streaming: content pieces go to `deltas` as they arrive; the joined message lands here.
+        self.deltas = deltas
+        self.streamed: Accumulator | None = None
 
     def run(self) -> None:
         url, headers, body = self.request
         try:
-            self.response = self.client.post(url, content=body, headers=headers)
+            if self.deltas is None:
+                self.response = self.client.post(url, content=body, headers=headers)
+            else:
+                self._stream(url, headers, body)
         except BaseException as exc:  # noqa: BLE001 (handed to the run's thread)
             self.error = exc
         finally:
             self.client.close()
             self.done.set()
+
+    def _stream(self, url: str, headers: dict, body: bytes) -> None:
+        with self.client.stream("POST", url, content=body, headers=headers) as response:
+            kind = response.headers.get("content-type", "")
+            if not 200 <= response.status_code < 300 or "text/event-stream" not in kind:
+                response.read()  # an error, or a server that answered whole: read as JSON
+                self.response = response
+                return
+            accumulator = Accumulator(self.deltas)
+            for line in response.iter_lines():
+                accumulator.line(line)
+                if accumulator.done:
+                    break
+            self.streamed = accumulator
 
     def abort(self) -> None:
         """Disconnect from the server: the request thread ends with an error, unread."""
@@ -270,13 +315,21 @@ class ModelClient:
         self.ctx = ctx
         self.budget = budget
 
-    def complete(self, messages: list, tools: list, params: dict) -> Response:
-        """Send one chat-completions request, retrying what may succeed on a second try."""
+    def complete(
+        self, messages: list, tools: list, params: dict, on_delta: Callable | None = None
+    ) -> Response:
+        """Send one chat-completions request, retrying what may succeed on a second try.
+
+        With `on_delta` the completion is streamed (`stream: true`, usage included) and
+        `on_delta(text)` is called in this thread with each piece of content as it arrives.
+        """
+        if on_delta is not None:
+            params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         body = request_body(self.config.model, messages, tools, params)
         attempt = 0
         while True:
             try:
-                return self._send(body)
+                return self._send(body, on_delta)
             except ModelError as exc:
                 if not exc.retryable or attempt >= self.config.retries:
                     raise
@@ -295,27 +348,34 @@ class ModelClient:
                 raise BudgetExceeded(message)
             time.sleep(min(POLL, max(deadline - time.monotonic(), 0)))
 
-    def _send(self, body: bytes) -> Response:
+    def _send(self, body: bytes, on_delta: Callable | None = None) -> Response:
         timeout, cut = self.config.timeout, ""
         left, budget_text = self.budget.wall_deadline()
         if left is not None and left < timeout:
             timeout, cut = left, budget_text
         if timeout <= 0:
             raise BudgetExceeded(cut)
-        exchange = _Exchange(self.config.url, self.config.headers, body, timeout)
+        deltas: queue.Queue | None = queue.Queue() if on_delta is not None else None
+        exchange = _Exchange(self.config.url, self.config.headers, body, timeout, deltas)
         deadline = time.monotonic() + timeout
         exchange.start()
         while not exchange.done.wait(POLL):
+            _drain(deltas, on_delta)
             if self.ctx.stop_now():
                 exchange.abort()
                 raise RunStopped()
             if time.monotonic() >= deadline:
                 exchange.abort()
                 self._timed_out(cut)
+        _drain(deltas, on_delta)
+        if isinstance(exchange.error, StreamError):
+            raise ModelError(str(exchange.error))
         if isinstance(exchange.error, httpx.TimeoutException):
             self._timed_out(cut)
         if exchange.error is not None or exchange.response is None:
             raise ModelError(f"Model server unreachable: {exchange.error}", retryable=True)
+        if exchange.streamed is not None:
+            return from_message(*exchange.streamed.message())
         return parse_response(exchange.response)
 
     def _timed_out(self, cut: str):

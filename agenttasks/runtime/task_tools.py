@@ -6,12 +6,14 @@ Usable by any agent loop: `task_tools(conversation, run)` returns ToolSpecs with
 here, never taken from the model; a task id from another conversation reads as nonexistent.
 """
 
+import dataclasses
 import logging
 
 from .. import lifecycle
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import Task
+from ..states import TERMINAL, model_status
 from ..tools import ToolResult, ToolSpec
 from ..types import TaskInfo
 
@@ -99,7 +101,7 @@ def tool_error(exc_or_text) -> ToolResult:
 def describe(info: TaskInfo, progress: str | None = None) -> str:
     """Render the status card's text (no escaping)."""
     progress = info.progress if progress is None else progress
-    lines = [f"task_id: {info.task_id}", f"status: {info.status}"]
+    lines = [f"task_id: {info.task_id}", f"status: {model_status(info.status)}"]
     if info.attempt > 1:
         lines.append(f"attempt: {info.attempt}")
     if info.label:
@@ -116,6 +118,11 @@ def describe(info: TaskInfo, progress: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def unnamed(info: TaskInfo) -> TaskInfo:
+    """The task without its agent: only a spawn result's card names the agent."""
+    return dataclasses.replace(info, agent="")
+
+
 def tool_result(info: TaskInfo, progress: str | None = None) -> ToolResult:
     """The status card of a task."""
     return ToolResult(
@@ -124,7 +131,7 @@ def tool_result(info: TaskInfo, progress: str | None = None) -> ToolResult:
         details={
             "task_id": info.task_id,
             "task_label": info.label,
-            "task_status": info.status,
+            "task_status": model_status(info.status),
             "task_agent": info.agent,
             "task_attempt": info.attempt,
             "task_result": info.result or info.summary,
@@ -139,7 +146,7 @@ def listing(infos: list[TaskInfo]) -> str:
     limit = app_settings.SUMMARY_LIMIT
     parts = [f"{len(infos)} task(s), newest first (task_status with the id fetches a full result):"]
     for info in infos:
-        line = f"\n- {info.task_id}: {info.status}"
+        line = f"\n- {info.task_id}: {model_status(info.status)}"
         if info.kind:
             line += f" · {info.kind}"
         if info.label:
@@ -201,13 +208,17 @@ class _Session:
             return ToolResult(listing(lifecycle.list_tasks(self.conversation_id)))
         try:
             task = self.owned(args["task_id"])
+            # The model waits for the task to finish (docs/lifecycle.md#task_status).
             info = lifecycle.status(
-                task.id, wait=max(args["wait_seconds"], 0), stop_check=self.stop_check
+                task.id,
+                wait=max(args["wait_seconds"], 0),
+                stop_check=self.stop_check,
+                settled=TERMINAL,
             )
         except Exception as exc:
             return tool_error(exc)
         lifecycle.model_has_result(info)
-        return tool_result(info)
+        return tool_result(unnamed(info))
 
     def retry(self, ctx, args: dict) -> ToolResult:
         try:
@@ -218,24 +229,24 @@ class _Session:
             if refused is None:
                 return tool_error(exc)
             lifecycle.model_has_result(refused)
-            card = tool_result(refused)
-            card.text = f"{exc}\n{describe(refused)}"
+            card = tool_result(unnamed(refused))
+            card.text = f"{exc}\n{describe(unnamed(refused))}"
             card.is_error = True
             return card
         lifecycle.model_has_result(info)
-        return tool_result(info)
+        return tool_result(unnamed(info))
 
     def stop(self, ctx, args: dict) -> ToolResult:
         try:
             task = self.owned(args["task_id"])
             info = lifecycle.stop(task.id, graceful=args["graceful"])
         except AlreadyFinal as exc:
-            card = tool_result(exc.info)
+            card = tool_result(unnamed(exc.info))
             card.is_error = True  # news, not a failure to retry
             return card
         except Exception as exc:
             return tool_error(exc)
-        return tool_result(info)
+        return tool_result(unnamed(info))
 
 
 def task_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:

@@ -48,6 +48,8 @@ CODES = {
     "action_resolved",
     "unsupported_media_type",
     "rate_limited",
+    "idempotency_key_reused",
+    "idempotency_key_in_progress",
 }
 CHECKS = [
     not_a_server_error,

@@ -1,0 +1,84 @@
+"""Streamed chat completions (docs/delegation.md#streaming): read the server's SSE chunks.
+
+With `stream: true` an OpenAI-compatible server answers `text/event-stream`: one
+`data: <chunk>` line per piece, `data: [DONE]` at the end. Each chunk's `choices[0].delta` holds a
+piece of the content and pieces of tool calls (by `index`: the `id` and the name come first, the
+`arguments` string in pieces); with `stream_options.include_usage` a last chunk carries `usage`.
+The Accumulator joins them into the message a non-streamed answer would have had, and hands each
+content piece to the run as it arrives.
+"""
+
+import json
+import queue
+
+
+class StreamError(ValueError):
+    """A stream the server broke; the client reports it as a ModelError."""
+
+
+class Accumulator:
+    """Join streamed chunks into one message; content pieces also go to `deltas`."""
+
+    def __init__(self, deltas: queue.Queue | None = None):
+        self.parts: list[str] = []
+        self.calls: dict[int, dict] = {}
+        self.usage = None
+        self.deltas = deltas
+        self.done = False
+        self.seen_content = False
+
+    def line(self, line: str) -> None:
+        """Take one line of the event stream (comments, event names and blanks are ignored)."""
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise StreamError(f"Model server sent a malformed stream chunk: {data[:200]}") from None
+        if not isinstance(chunk, dict):
+            return
+        if isinstance(chunk.get("error"), dict):
+            message = chunk["error"].get("message") or "error"
+            raise StreamError(f"Model server stream failed: {message}")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
+        if isinstance(delta, dict):
+            self._delta(delta)
+
+    def _delta(self, delta: dict) -> None:
+        piece = delta.get("content")
+        if isinstance(piece, str):
+            self.seen_content = True
+            if piece:
+                self.parts.append(piece)
+                if self.deltas is not None:
+                    self.deltas.put(piece)
+        for call in delta.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", len(self.calls))
+            slot = self.calls.setdefault(
+                index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            if call.get("id"):
+                slot["id"] = call["id"]
+            if call.get("type"):
+                slot["type"] = call["type"]
+            function = call.get("function") or {}
+            if isinstance(function.get("name"), str):
+                slot["function"]["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                slot["function"]["arguments"] += function["arguments"]
+
+    def message(self) -> tuple[dict, object]:
+        """The joined message (as `choices[0].message` would be) and the usage."""
+        message: dict = {"content": "".join(self.parts) if self.seen_content else None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        return message, self.usage
