@@ -20,6 +20,7 @@ from google.protobuf.struct_pb2 import Struct, Value
 
 from .. import files, lifecycle
 from ..api.serializers import pending_actions
+from ..ids import new_task_id
 from ..models import A2AContext, Event, Task, TaskResult
 from ..states import TaskStatus
 
@@ -228,8 +229,6 @@ def task_message(
 
 def rejected(reason: str, context_id: str, message: pb.Message) -> pb.Task:
     """A task refused at creation (nothing was written): REJECTED, with the reason."""
-    from ..ids import new_task_id
-
     task_id = new_task_id()
     out = pb.Task(id=task_id, context_id=context_id)
     out.status.state = pb.TASK_STATE_REJECTED

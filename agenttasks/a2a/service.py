@@ -8,6 +8,7 @@ raises one of the SDK's A2A errors. Nothing here writes a status: the lifecycle 
 import base64
 import logging
 from dataclasses import dataclass
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from a2a.types import a2a_pb2 as pb
@@ -33,7 +34,7 @@ from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import A2AContext, A2APushConfig, Conversation, PendingAction, Task
 from ..states import LIVE, TERMINAL, TaskStatus
-from . import mapping
+from . import mapping, push
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +173,6 @@ def _push_config(req: pb.SendMessageRequest):
     if not req.configuration.HasField("task_push_notification_config"):
         return None
     config = req.configuration.task_push_notification_config
-    from . import push
-
     push.check_url(config.url)
     push.check_fields(config)
     return config
@@ -207,8 +206,6 @@ def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, T
     def before_commit(task):
         A2AContext.objects.create(task=task, context_id=context_id or task.conversation_id)
         if push_config is not None:
-            from . import push
-
             push.store_config(task, push_config)
         if incoming.uploads:
             files.save(
@@ -348,7 +345,9 @@ def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
     if req.status:
         rows = rows.filter(status__in=mapping.STATUSES_OF.get(req.status, []))
     if req.HasField("status_timestamp_after"):
-        rows = rows.filter(updated_at__gt=req.status_timestamp_after.ToDatetime(tzinfo=_utc()))
+        rows = rows.filter(
+            updated_at__gt=req.status_timestamp_after.ToDatetime(tzinfo=dt_timezone.utc)
+        )
     total = rows.count()
     if req.page_token:
         rows = rows.filter(_after(req.page_token))
@@ -372,12 +371,6 @@ def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         page_size=size,
         total_size=total,
     )
-
-
-def _utc():
-    from datetime import timezone as dt_timezone
-
-    return dt_timezone.utc
 
 
 def cancel_task(call: Call, req: pb.CancelTaskRequest) -> pb.Task:
@@ -404,8 +397,6 @@ def cancel_task(call: Call, req: pb.CancelTaskRequest) -> pb.Task:
 def create_push_config(
     call: Call, req: pb.TaskPushNotificationConfig
 ) -> pb.TaskPushNotificationConfig:
-    from . import push
-
     task = find_task(call, req.task_id)
     push.check_url(req.url)
     push.check_fields(req)
@@ -425,16 +416,12 @@ def _config(call: Call, task_id: str, config_id: str) -> A2APushConfig:
 def get_push_config(
     call: Call, req: pb.GetTaskPushNotificationConfigRequest
 ) -> pb.TaskPushNotificationConfig:
-    from . import push
-
     return push.present(_config(call, req.task_id, req.id))
 
 
 def list_push_configs(
     call: Call, req: pb.ListTaskPushNotificationConfigsRequest
 ) -> pb.ListTaskPushNotificationConfigsResponse:
-    from . import push
-
     task = find_task(call, req.task_id)
     rows = A2APushConfig.objects.filter(task_id=task.id).order_by("created_at", "id")
     return pb.ListTaskPushNotificationConfigsResponse(configs=[push.present(r) for r in rows])

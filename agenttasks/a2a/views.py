@@ -29,6 +29,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
     VersionNotSupportedError,
 )
+from a2a.utils.proto_utils import parse_params
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
@@ -400,8 +401,6 @@ class RestView(A2AView):
         return parse(cls, data or {})
 
     def query(self, cls):
-        from a2a.utils.proto_utils import parse_params
-
         message = cls()
         try:
             parse_params(self.request.query_params, message)
