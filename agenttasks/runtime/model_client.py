@@ -372,10 +372,12 @@ class ModelClient:
             raise ModelError(str(exchange.error))
         if isinstance(exchange.error, httpx.TimeoutException):
             self._timed_out(cut)
-        if exchange.error is not None or exchange.response is None:
+        if exchange.error is not None:
             raise ModelError(f"Model server unreachable: {exchange.error}", retryable=True)
         if exchange.streamed is not None:
             return from_message(*exchange.streamed.message())
+        if exchange.response is None:
+            raise ModelError("Model server unreachable: no response", retryable=True)
         return parse_response(exchange.response)
 
     def _timed_out(self, cut: str):
