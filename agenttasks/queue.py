@@ -43,6 +43,34 @@ class DjangoQBackend:
         async_task(func, *args, broker=capture)  # django-q2 builds and signs the package
         return {"key": broker.list_key, "payload": capture.payload, "lock": timezone.now()}
 
+    def queued_runs(self) -> set[str] | None:
+        """Run ids that have a job in the broker's table (ORM broker on this database), else None.
+
+        A job stays in django-q2's table until a worker acknowledges it (a worker that dies
+        leaves it to be delivered again), so a run listed here needs no new job.
+        """
+        broker = _database_broker()
+        if broker is None:
+            return None
+        from django_q.models import OrmQ
+        from django_q.signing import SignedPackage
+
+        held = set()
+        payloads = (
+            OrmQ.objects.using(DEFAULT_DB_ALIAS)
+            .filter(key=broker.list_key)
+            .values_list("payload", flat=True)
+        )
+        for payload in payloads.iterator(chunk_size=2000):
+            try:
+                package = SignedPackage.loads(payload)
+            except Exception:  # a job another site signed, or not a package at all
+                continue
+            args = package.get("args") or ()
+            if package.get("func") == EXECUTE_RUN and args:
+                held.add(args[0])
+        return held
+
 
 @functools.cache
 def _database_broker():
@@ -132,6 +160,12 @@ def use_backend(backend):
         yield backend
     finally:
         _backend = previous
+
+
+def queued_runs() -> set[str] | None:
+    """Run ids whose job is still in the broker, or None when the broker cannot tell."""
+    probe = getattr(_backend, "queued_runs", None)
+    return probe() if probe is not None else None
 
 
 def enqueue_run(run_id: str) -> None:

@@ -9,7 +9,6 @@ machines can run at once.
 import logging
 import random
 import threading
-from datetime import timedelta
 
 from django.db import close_old_connections
 from django.utils import timezone
@@ -17,7 +16,7 @@ from django.utils import timezone
 from . import lifecycle, queue, store
 from .conf import app_settings
 from .models import PendingAction, Run, Task, Wakeup
-from .states import RunStatus, TaskStatus, WakeupState
+from .states import TaskStatus, WakeupState
 from .store.sweeps import lease_cutoff
 
 logger = logging.getLogger(__name__)
@@ -40,18 +39,18 @@ def reap() -> dict:
 def preview() -> dict:
     """Say what a reaper pass would do, changing nothing (`agenttasks_reap --dry-run`)."""
     now = timezone.now()
-    requeue = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
+    held = queue.queued_runs()
     return {
         "orphans": list(
             Task.objects.visible()
             .filter(status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(lease_cutoff()))
             .values_list("id", flat=True)
         ),
-        "requeue": list(
-            Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=requeue).values_list(
-                "id", flat=True
-            )
-        ),
+        "requeue": [
+            run_id
+            for run_id in store.stale_queued(now).values_list("id", flat=True)[:1000]
+            if held is None or run_id not in held
+        ],
         "expired_actions": list(
             PendingAction.objects.open().filter(deadline__lt=now).values_list("id", flat=True)
         ),

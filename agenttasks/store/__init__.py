@@ -42,6 +42,7 @@ from .sweeps import (
     fail_dead_conversation_runs,
     fail_orphans,
     requeue_stale,
+    stale_queued,
     stuck_endings,
 )
 from .tasks import (
@@ -96,6 +97,7 @@ __all__ = [
     "reopen",
     "request_stop",
     "requeue_stale",
+    "stale_queued",
     "resume_paused",
     "retry_claim",
     "retry_prompt",
