@@ -31,6 +31,7 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "DELEGATION_MAX_PARALLEL": 8,
     "DELEGATION_WAIT_POLL": 0.5,
     "DELEGATION_WAIT_TIMEOUT": 600,
+    "DEFAULT_TIMEOUT": 600,
 }
 
 DEFAULTS: dict[str, Any] = {

@@ -168,6 +168,13 @@ def queued_runs() -> set[str] | None:
     return probe() if probe is not None else None
 
 
+def is_worker_timeout(exc: BaseException) -> bool:
+    """Whether `exc` is django-q2 stopping a job at its `timeout`."""
+    from django_q.exceptions import TimeoutException
+
+    return isinstance(exc, TimeoutException)
+
+
 def enqueue_run(run_id: str) -> None:
     """Enqueue the execution of a run now (callers use `launch_on_commit`)."""
     _backend.enqueue(EXECUTE_RUN, run_id)

@@ -48,6 +48,12 @@ class AgentDef:
     model_params: dict = field(default_factory=dict)
     expose: bool = True
     metadata: dict = field(default_factory=dict)
+    timeout_seconds: float | None = None
+
+    @property
+    def timeout(self) -> float:
+        """Seconds one execution of a run may take (its own, else DEFAULT_TIMEOUT)."""
+        return self.timeout_seconds or app_settings.DEFAULT_TIMEOUT
 
     def snapshot(self) -> dict:
         """Return the JSON configuration a task keeps as `inherit`."""
@@ -141,6 +147,14 @@ def _check_hitl(agent_id: str, hitl) -> dict:
     return dict(hitl)
 
 
+def _check_timeout(agent_id: str, value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _fail(agent_id, f"timeout_seconds has an invalid value {value!r}")
+    return value
+
+
 def build(agent_id: str, **fields) -> AgentDef:
     """Validate a definition and return it, or raise ImproperlyConfigured naming the field."""
     if not isinstance(agent_id, str) or not ID_RE.match(agent_id):
@@ -198,6 +212,7 @@ def build(agent_id: str, **fields) -> AgentDef:
         model_params=model_params,
         expose=fields.get("expose", True),
         metadata=dict(fields.get("metadata") or {}),
+        timeout_seconds=_check_timeout(agent_id, fields.get("timeout_seconds")),
     )
 
 

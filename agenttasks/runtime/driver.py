@@ -14,7 +14,7 @@ import time
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
-from .. import lifecycle, registry, store
+from .. import deadlines, lifecycle, queue, registry, store
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
 from ..listen import hub, stop_key, task_key
@@ -47,11 +47,14 @@ class Heartbeat:
     process, not one per run: starting and joining a thread per run cost more than the run.
     """
 
-    def __init__(self, run: Run, worker: str, flag: StopFlag):
+    def __init__(self, run: Run, worker: str, flag: StopFlag, timeout: float):
+        self.run = run
         self.run_id = run.id
         self.task_id = run.task_id
         self.worker = worker
         self.flag = flag
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
 
     def start(self) -> None:
         _beater().track(self)
@@ -68,6 +71,12 @@ class Heartbeat:
         # A run that is gone, or no longer this worker's, reads as an immediate stop.
         self.flag.set("now" if current is None else current)
 
+    def expire(self) -> None:
+        """Stop the run at its deadline: it and its task fail, and the runtime stops now."""
+        self.flag.timed_out = deadlines.timeout_text(self.timeout)
+        self.flag.set("now")
+        deadlines.fail(self.run, self.flag.timed_out)
+
 
 class _Beater(threading.Thread):
     """This process's heartbeat thread."""
@@ -78,10 +87,14 @@ class _Beater(threading.Thread):
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self._beats: dict[int, Heartbeat] = {}
+        self._wake_at = 0.0  # when the thread wakes next (monotonic)
 
     def track(self, heartbeat: Heartbeat) -> None:
         with self._lock:
             self._beats[id(heartbeat)] = heartbeat
+            sooner = heartbeat.deadline < self._wake_at
+        if sooner:  # a deadline before the next beat: plan the wait again
+            self.wake.set()
         # A stop written by any process (the database notifies it), and a task settled by this
         # one (published in process: an immediate stop finalizes the task).
         hub.add(stop_key(heartbeat.run_id), self.wake)
@@ -97,12 +110,15 @@ class _Beater(threading.Thread):
 
     def run(self) -> None:
         while True:
-            self.wake.wait(app_settings.HEARTBEAT_INTERVAL)
+            self.wake.wait(self._next_wait())
             self.wake.clear()
             with self._lock:
                 beats = list(self._beats.values())
+            now = time.monotonic()
             for heartbeat in beats:
                 try:
+                    if now >= heartbeat.deadline and not heartbeat.flag.timed_out:
+                        heartbeat.expire()
                     heartbeat.beat()
                 except Exception:
                     logger.warning("heartbeat.failed run=%s", heartbeat.run_id, exc_info=True)
@@ -111,6 +127,17 @@ class _Beater(threading.Thread):
                 # Nothing to beat: hold no database session (CONN_MAX_AGE would keep it open,
                 # and an idle process must not pin a database, e.g. a test database at drop).
                 connection.close()
+
+    def _next_wait(self) -> float:
+        """Until the next beat, or sooner when a run's deadline comes first."""
+        wait = app_settings.HEARTBEAT_INTERVAL
+        with self._lock:
+            deadlines_left = [
+                b.deadline - time.monotonic() for b in self._beats.values() if not b.flag.timed_out
+            ]
+        wait = max(0.0, min([wait, *deadlines_left]))
+        self._wake_at = time.monotonic() + wait
+        return wait
 
 
 _beater_instance: _Beater | None = None
@@ -170,7 +197,7 @@ def drive(run: Run, worker: str, **context) -> None:
     """Heartbeat a claimed run while its runtime executes, then hand over its ending."""
     flag = StopFlag()
     flag.set(run.stop_request)
-    heartbeat = Heartbeat(run, worker, flag)
+    heartbeat = Heartbeat(run, worker, flag, deadlines.timeout_of(run.agent))
     heartbeat.start()
     try:
         outcome = _execute(run, flag, **context)
@@ -186,6 +213,14 @@ def drive(run: Run, worker: str, **context) -> None:
 
 def _execute(run: Run, flag: StopFlag, **context) -> RunOutcome:
     """Run the agent's runtime outside any transaction and turn every ending into an outcome."""
+    outcome = _run_runtime(run, flag, **context)
+    if flag.timed_out and outcome.status in ("cancelled", "failed"):
+        # Stopped at its deadline: the heartbeat has ended it already, with this error.
+        return RunOutcome(run.id, "failed", error=flag.timed_out, append_message=False)
+    return outcome
+
+
+def _run_runtime(run: Run, flag: StopFlag, **context) -> RunOutcome:
     try:
         agent = registry.get(run.agent)
         # The claim read the run with its task and conversation; the store re-reads the stop
@@ -209,3 +244,9 @@ def _execute(run: Run, flag: StopFlag, **context) -> RunOutcome:
     except Exception as exc:
         logger.exception("worker.run_raised run=%s", run.id)
         return RunOutcome(run.id, "failed", error=str(exc) or type(exc).__name__)
+    except SystemExit as exc:
+        if not queue.is_worker_timeout(exc):
+            raise
+        # django-q2's timeout struck before the agent's deadline (a system check warns).
+        logger.error("worker.killed_by_timeout run=%s", run.id)
+        return RunOutcome(run.id, "failed", error=deadlines.killed_text())
