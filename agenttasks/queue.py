@@ -11,8 +11,10 @@ import logging
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
+from datetime import timedelta
 
 from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -43,22 +45,29 @@ class DjangoQBackend:
         async_task(func, *args, broker=capture)  # django-q2 builds and signs the package
         return {"key": broker.list_key, "payload": capture.payload, "lock": timezone.now()}
 
-    def queued_runs(self) -> set[str] | None:
-        """Run ids that have a job in the broker's table (ORM broker on this database), else None.
+    def queued_runs(self, handed_within: float) -> set[str] | None:
+        """Run ids with a job outstanding in the broker's table (ORM broker here), else None.
 
-        A job stays in django-q2's table until a worker acknowledges it (a worker that dies
-        leaves it to be delivered again), so a run listed here needs no new job.
+        A job stays in django-q2's table until a worker acknowledges it. It is outstanding while
+        it waits there, or when a cluster took it less than `handed_within` seconds ago (its
+        lock then reads `retry` seconds after that). A job taken longer ago whose run was never
+        claimed was lost with the worker that took it (killed before the claim): django-q2
+        would deliver it again only after `retry`, so it does not count.
         """
         broker = _database_broker()
         if broker is None:
             return None
+        from django_q.conf import Conf
         from django_q.models import OrmQ
         from django_q.signing import SignedPackage
 
+        now = timezone.now()
+        taken_since = now + timedelta(seconds=(Conf.RETRY or 0) - handed_within)
         held = set()
         payloads = (
             OrmQ.objects.using(DEFAULT_DB_ALIAS)
             .filter(key=broker.list_key)
+            .filter(Q(lock__lte=now) | Q(lock__gt=taken_since))
             .values_list("payload", flat=True)
         )
         for payload in payloads.iterator(chunk_size=2000):
@@ -162,10 +171,10 @@ def use_backend(backend):
         _backend = previous
 
 
-def queued_runs() -> set[str] | None:
-    """Run ids whose job is still in the broker, or None when the broker cannot tell."""
+def queued_runs(handed_within: float) -> set[str] | None:
+    """Run ids whose job is still outstanding in the broker, or None when it cannot tell."""
     probe = getattr(_backend, "queued_runs", None)
-    return probe() if probe is not None else None
+    return probe(handed_within) if probe is not None else None
 
 
 def is_worker_timeout(exc: BaseException) -> bool:

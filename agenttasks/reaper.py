@@ -39,7 +39,7 @@ def reap() -> dict:
 def preview() -> dict:
     """Say what a reaper pass would do, changing nothing (`agenttasks_reap --dry-run`)."""
     now = timezone.now()
-    held = queue.queued_runs()
+    held = queue.queued_runs(app_settings.REQUEUE_AFTER)
     return {
         "orphans": list(
             Task.objects.visible()

@@ -8,6 +8,7 @@ import pytest
 from django.db.models import F
 from django.test.utils import override_settings
 from django.utils import timezone
+from django_q.conf import Conf
 from django_q.models import OrmQ
 
 from agenttasks import lifecycle, queue, reaper, store
@@ -78,17 +79,17 @@ def test_with_the_orm_broker_only_a_run_whose_job_is_gone_is_requeued(user, real
     kept = lifecycle.create(owner=user, agent_id="echo", input="kept")
     lost = lifecycle.create(owner=user, agent_id="echo", input="lost")
     kept_run, lost_run = stale(kept.id), stale(lost.id)
-    assert queue.queued_runs() == {kept_run, lost_run}  # each create wrote its job
+    assert queue.queued_runs(60) == {kept_run, lost_run}  # each create wrote its job
     # The job of one run is gone (acknowledged by a worker that then lost its claim, say).
     for job in OrmQ.objects.all():
         if job.task["args"] == (lost_run,):
             job.delete()
-    assert queue.queued_runs() == {kept_run}
+    assert queue.queued_runs(60) == {kept_run}
 
     out = reaper.preview()
     assert out["requeue"] == [lost_run]
     lifecycle.recover()
-    assert queue.queued_runs() == {kept_run, lost_run}
+    assert queue.queued_runs(60) == {kept_run, lost_run}
     assert OrmQ.objects.count() == 2
     assert Run.objects.get(pk=lost_run).requeues == 1
     assert Run.objects.get(pk=kept_run).requeues == 0
@@ -98,6 +99,26 @@ def test_with_the_orm_broker_only_a_run_whose_job_is_gone_is_requeued(user, real
         Run.objects.update(requeue_at=None)
         lifecycle.recover()
     assert OrmQ.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_a_worker_took_and_lost_before_the_claim_does_not_count(user, real_queue):
+    task = lifecycle.create(owner=user, agent_id="echo", input="x")
+    run_id = stale(task.id)
+    (job,) = OrmQ.objects.all()
+    retry = Conf.RETRY
+    # Taken by a cluster just now (django-q2 locks it for `retry` seconds): outstanding.
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=retry))
+    assert queue.queued_runs(60) == {run_id}
+    lifecycle.recover()
+    assert OrmQ.objects.count() == 1
+    # Taken two minutes ago and the run never claimed: its worker died holding it.
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=retry - 120))
+    assert queue.queued_runs(60) == set()
+    Run.objects.update(requeue_at=None)
+    lifecycle.recover()
+    assert OrmQ.objects.count() == 2
+    assert queue.queued_runs(60) == {run_id}  # the new job waits
 
 
 RUNS = 5000
@@ -135,7 +156,7 @@ def test_a_stalled_cluster_keeps_one_job_per_run(start_cluster, user, tmp_path):
             reaper.reap()
             pass_seconds.append(time.monotonic() - begun)
             assert OrmQ.objects.count() == RUNS
-        assert sorted(queue.queued_runs()) == sorted(Run.objects.values_list("pk", flat=True))
+        assert sorted(queue.queued_runs(60)) == sorted(Run.objects.values_list("pk", flat=True))
         assert Run.objects.filter(pk__in=lost, requeues=1).count() == len(lost)
         assert not Run.objects.exclude(pk__in=lost).filter(requeues__gt=0).exists()
         assert not Run.objects.filter(requeue_at=None).exists()  # every run was looked at
