@@ -75,6 +75,10 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_API_KEY": None,
     "DEFAULT_MODEL": None,
     "MODEL_HEADERS": {},
+    # Operating (docs/rest.md#health-and-metrics, docs/lifecycle.md#retention).
+    "HEALTH_TOKEN": None,
+    "METRICS_ENABLED": False,
+    "METRICS_TOKEN": None,
 }
 
 # Integer settings where 0 is a value of its own ("no limit", "no retries").

@@ -13,7 +13,7 @@ import threading
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import lifecycle, queue, store
+from . import health, lifecycle, queue, store
 from .conf import app_settings
 from .models import PendingAction, Run, Task, Wakeup
 from .states import TaskStatus, WakeupState
@@ -31,6 +31,7 @@ def reap() -> dict:
     close_old_connections()
     try:
         failed = lifecycle.recover()
+        health.record_pass()
         return {"failed": [t.id for t in failed]}
     finally:
         close_old_connections()

@@ -11,7 +11,7 @@ from django.http import HttpResponse
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from . import errors, schema, views
+from . import errors, ops, schema, views
 
 ROUTES = [
     ("", schema.IndexView, "index"),
@@ -59,6 +59,9 @@ urlpatterns = [
         for r, view, name in ROUTES
     ),
     re_path(r"^docs/assets/(?P<name>[^/]+)/?$", schema.AssetView.as_view(), name="docs-asset"),
+    # Operating endpoints (api/ops.py): plain views for load balancers and Prometheus.
+    re_path(r"^health/?$", ops.health, name="health"),
+    re_path(r"^metrics/?$", ops.metrics, name="metrics"),
     re_path(r"^", route_not_found, name="route-not-found"),
 ]
 

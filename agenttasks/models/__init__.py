@@ -3,6 +3,7 @@
 from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
+from .ops import Counter, ReaperPass
 from .run import Run
 from .slot import Slot
 from .task import Comment, Task, TaskResult
@@ -11,10 +12,12 @@ from .wakeup import Wakeup
 __all__ = [
     "RESERVED_METADATA",
     "Comment",
+    "Counter",
     "Conversation",
     "Event",
     "File",
     "PendingAction",
+    "ReaperPass",
     "Run",
     "Slot",
     "Task",
