@@ -13,7 +13,7 @@ import threading
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import health, lifecycle, queue, store
+from . import health, lifecycle, metrics, queue, store
 from .conf import app_settings
 from .models import PendingAction, Run, Task, Wakeup
 from .states import TaskStatus, WakeupState
@@ -32,6 +32,7 @@ def reap() -> dict:
     try:
         failed = lifecycle.recover()
         health.record_pass()
+        metrics.count("agenttasks_orphans_failed_total", len(failed))
         return {"failed": [t.id for t in failed]}
     finally:
         close_old_connections()

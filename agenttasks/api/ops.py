@@ -59,7 +59,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
                 headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
             )
         )
-    body, content_type = collected.exposition()
+    body, content_type = collected.exposition(request.headers.get("Accept", ""))
     response = HttpResponse(body, content_type=content_type)
     response["Cache-Control"] = "no-store"
     return response

@@ -14,7 +14,7 @@ import time
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
-from .. import deadlines, lifecycle, queue, registry, store
+from .. import deadlines, lifecycle, metrics, queue, registry, store
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
 from ..listen import hub, stop_key, task_key
@@ -199,14 +199,17 @@ def drive(run: Run, worker: str, **context) -> None:
     flag.set(run.stop_request)
     heartbeat = Heartbeat(run, worker, flag, deadlines.timeout_of(run.agent))
     heartbeat.start()
+    begun = time.monotonic()
     try:
         outcome = _execute(run, flag, **context)
+        seconds = time.monotonic() - begun
         try:
             reconnecting(
                 lambda: lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
             )
         except (TaskNotFound, RunNotFound):
             logger.info("worker.tree_deleted run=%s", run.id)
+        metrics.record_run(run, outcome.status, seconds, outcome.usage)
     finally:
         heartbeat.stop()
 
