@@ -221,8 +221,11 @@ def enqueue_job(func: str, *args) -> None:
     transaction.on_commit(send)
 
 
-def install_schedule(name: str, func: str, minutes: int = 1) -> None:
-    """Make sure exactly one repeating django-q2 schedule named `name` runs `func`."""
+def install_schedule(name: str, func: str, minutes: int = 1, *, daily: bool = False) -> None:
+    """Make sure exactly one repeating django-q2 schedule named `name` runs `func`.
+
+    It repeats every `minutes`, or once a day with `daily`.
+    """
     from django_q.models import Schedule
 
     try:
@@ -236,8 +239,8 @@ def install_schedule(name: str, func: str, minutes: int = 1) -> None:
                 Schedule.objects.create(
                     name=name,
                     func=func,
-                    schedule_type=Schedule.MINUTES,
-                    minutes=minutes,
+                    schedule_type=Schedule.DAILY if daily else Schedule.MINUTES,
+                    minutes=None if daily else minutes,
                     repeats=-1,
                 )
             elif len(rows) > 1:  # left by versions that raced here
@@ -246,6 +249,24 @@ def install_schedule(name: str, func: str, minutes: int = 1) -> None:
         logger.exception("queue.schedule_failed name=%s", name)
         return
     logger.debug("queue.schedule_ready name=%s removed=%d", name, max(len(rows) - 1, 0))
+
+
+def old_failures(before, limit: int) -> list:
+    """Ids of django-q2's failure rows (failed jobs it kept) that stopped before `before`."""
+    from django_q.models import Failure
+
+    return list(
+        Failure.objects.filter(stopped__lt=before)
+        .order_by("stopped")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def delete_failures(ids: list) -> int:
+    """Delete those failure rows; return how many went."""
+    from django_q.models import Failure
+
+    return Failure.objects.filter(pk__in=ids).delete()[0]
 
 
 def _lock_schedules(name: str) -> None:

@@ -13,7 +13,7 @@ import threading
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import health, lifecycle, metrics, queue, store
+from . import health, lifecycle, metrics, queue, retention, store
 from .conf import app_settings
 from .models import PendingAction, Run, Task, Wakeup
 from .states import TaskStatus, WakeupState
@@ -83,5 +83,6 @@ def start_ticker(**kwargs) -> None:
         if _ticker is not None and _ticker.is_alive():
             return
         queue.install_schedule(SCHEDULE_NAME, "agenttasks.reaper.reap")
+        queue.install_schedule(retention.SCHEDULE_NAME, "agenttasks.retention.run", daily=True)
         _ticker = threading.Thread(target=_tick, name="agenttasks-reaper", daemon=True)
         _ticker.start()
