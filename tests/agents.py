@@ -30,9 +30,15 @@ def gate(ctx):
 
 
 def slow(ctx):
+    """Sleep metadata["seconds"]; with metadata["progress"], report a step each second."""
     seconds = float(ctx.metadata.get("seconds", 1))
-    deadline = time.monotonic() + seconds
+    began = time.monotonic()
+    deadline = began + seconds
+    reported = 0
     while time.monotonic() < deadline:
+        if ctx.metadata.get("progress") and time.monotonic() - began >= reported:
+            reported += 1
+            ctx.progress({"step": reported, "of": int(seconds), "name": "sleep"})
         ctx.check_cancelled()
         time.sleep(0.05)
     return Reply(content=f"Slept {format(seconds, 'g')}s")
