@@ -83,8 +83,7 @@ def check(*, details: bool) -> tuple[bool, dict]:
             last, node = row if row else (None, None)
             queued = oldest = expired = None
     except DatabaseError as exc:
-        body = {"status": "degraded", "reasons": [f"database unreachable: {exc}".strip()]}
-        return False, body
+        return False, {"status": "degraded", "reasons": [f"database unreachable: {exc}".strip()]}
     round_trip = time.perf_counter() - started
     last, oldest = _aware(last), _aware(oldest)
     window = reaper_window()

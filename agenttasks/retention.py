@@ -13,6 +13,7 @@ Every transaction deletes at most BATCH rows, so none holds its locks for long. 
 `deleting` before its rows go (so no new work starts there), and checked again after the mark.
 """
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +46,7 @@ BATCH = 1000  # rows per transaction, at most
 KNOWN = {Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult, Wakeup}
 ROOTS = 200  # trees looked at together
 SCHEDULE_NAME = "agenttasks retention"
+IDEMPOTENCY_MODEL = "IdempotencyKey"  # another part of the app may define it
 
 
 @dataclass
@@ -157,7 +159,7 @@ def _delete_rows(report: Report, model: type[models.Model], queryset, label: str
         report.add(label, len(ids))
         return
     for chunk in _chunks(ids):
-        _batch(report, lambda chunk=chunk: {label: _raw_delete(model, chunk)})
+        _batch(report, functools.partial(_delete_labelled, label, model, chunk))
 
 
 # --- finished trees --------------------------------------------------------------------------
@@ -266,19 +268,20 @@ def _mark(trees: dict[str, list[str]]) -> dict[str, list[str]]:
     for chunk in _chunks(ids):
         Conversation.objects.filter(pk__in=chunk, deleting_at__isnull=True).update(deleting_at=now)
     # Work that started between the check and the mark: leave that tree alone.
-    marked = set()
+    marked: set[str] = set()
     for chunk in _chunks(ids):
         marked.update(
             Conversation.objects.filter(pk__in=chunk, deleting_at=now).values_list("pk", flat=True)
         )
-    active = set()
+    active: set[str] = set()
     for chunk in _chunks(ids):
         active.update(
             Run.objects.filter(conversation_id__in=chunk, status__in=RUN_ACTIVE).values_list(
                 "conversation_id", flat=True
             )
         )
-    kept, released = {}, []
+    kept: dict[str, list[str]] = {}
+    released: list[str] = []
     for root, tree in trees.items():
         if active.intersection(tree) or not marked.issuperset(tree):
             released.extend(c for c in tree if c in marked)
@@ -329,10 +332,18 @@ def _delete_trees(order: list[str], report: Report) -> None:
     for chunk in _chunks(order):
         runs = Run.objects.filter(conversation_id__in=chunk, counted_in__isnull=False)
         for ids in _chunks(list(runs.values_list("pk", flat=True))):
-            _batch(report, lambda ids=ids: _clear_counted_in(ids))
+            _batch(report, functools.partial(_clear_counted_in, ids))
     _delete_tasks_and_runs(order, report)
     for chunk in _chunks(order):
-        _batch(report, lambda chunk=chunk: {"conversations": _raw_delete(Conversation, chunk)})
+        _batch(report, functools.partial(_delete_labelled, "conversations", Conversation, chunk))
+
+
+def _delete_labelled(label: str, model: type[models.Model], ids: Sequence) -> dict[str, int]:
+    return {label: _raw_delete(model, ids)}
+
+
+def _delete_failures(ids: list) -> dict[str, int]:
+    return {"django-q2 failures": queue.delete_failures(ids)}
 
 
 def _clear_counted_in(ids: Sequence[str]) -> dict[str, int]:
@@ -407,7 +418,7 @@ def _prune_expired_files(now: datetime, report: Report) -> None:
 def _prune_idempotency_keys(cutoff: datetime, report: Report) -> None:
     """Delete expired idempotency keys, when this version of the app keeps them."""
     try:
-        model = apps.get_model("agenttasks", "IdempotencyKey")
+        model = apps.get_model("agenttasks", IDEMPOTENCY_MODEL)
     except LookupError:
         return
     names = {f.name for f in model._meta.get_fields()}
@@ -430,4 +441,4 @@ def _prune_failures(cutoff: datetime, report: Report) -> None:
             return
         if not ids:
             return
-        _batch(report, lambda ids=ids: {"django-q2 failures": queue.delete_failures(ids)})
+        _batch(report, functools.partial(_delete_failures, ids))
