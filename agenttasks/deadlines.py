@@ -15,13 +15,13 @@ from . import lifecycle, registry, store, wakeups
 from .conf import app_settings
 from .models import Run
 from .states import TaskStatus
+from .store.sweeps import KILLED_PREFIX
 from .types import Ending, RunOutcome
 
 logger = logging.getLogger(__name__)
 
 KILLED_TEXT = (
-    "Stopped by django-q2 after its timeout of {seconds} s (Q_CLUSTER['timeout']), before the "
-    "agent's own deadline"
+    KILLED_PREFIX + " of {seconds} s (Q_CLUSTER['timeout']), before the agent's own deadline"
 )
 
 
@@ -30,10 +30,25 @@ def timeout_text(seconds: float) -> str:
     return f"Timed out after {format(seconds, 'g')} s"
 
 
+def q_timeout() -> float | None:
+    """django-q2's `timeout` (seconds), when one is set."""
+    seconds = (getattr(settings, "Q_CLUSTER", None) or {}).get("timeout")
+    return seconds if isinstance(seconds, (int, float)) and seconds > 0 else None
+
+
 def killed_text() -> str:
     """The error of a run that django-q2 stopped at its own timeout."""
-    seconds = (getattr(settings, "Q_CLUSTER", None) or {}).get("timeout")
+    seconds = q_timeout()
     return KILLED_TEXT.format(seconds="?" if seconds is None else format(seconds, "g"))
+
+
+def last_words(run_id: str, worker: str) -> None:
+    """Record on a running run, as django-q2's timeout comes, that it is about to be killed.
+
+    If django-q2 then kills the worker outright, the reaper fails the run with this text rather
+    than the orphan text; if the run ends anyway, its ending replaces it.
+    """
+    store.record_last_words(run_id, worker, killed_text())
 
 
 def timeout_of(agent_id: str) -> float:

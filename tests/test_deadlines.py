@@ -1,13 +1,16 @@
 """Per-agent deadlines: `timeout_seconds`, DEFAULT_TIMEOUT, the system check, django-q2's kill."""
 
+import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test.utils import override_settings
+from django.utils import timezone
 from django_q.exceptions import TimeoutException
 
-from agenttasks import lifecycle, registry, worker
+from agenttasks import lifecycle, registry, store, worker
 from agenttasks.checks import check_deadlines
 from agenttasks.deadlines import killed_text
 from agenttasks.models import Run, Task
@@ -122,3 +125,35 @@ def test_7_slow_task_with_a_2_s_deadline_fails_and_the_worker_goes_on(
         )
         assert len(cluster.started_worker_pids()) == 1  # not a reincarnated worker
     assert failed_after < 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_django_q2_killed_outright_is_reported_plainly(user):
+    """The heartbeat leaves its last words as django-q2's timeout comes; the reaper uses them."""
+    with override_settings(Q_CLUSTER={"timeout": 1, "retry": 60}):
+        task = lifecycle.create(owner=user, agent_id="slow", input="x", metadata={"seconds": 3})
+        expected = killed_text()
+        runner = threading.Thread(target=worker.execute_run, args=(task.run_id,))
+        runner.start()
+        wait_for(
+            lambda: Run.objects.get(pk=task.run_id).error == expected,
+            timeout=5,
+            message="the last words at django-q2's timeout",
+        )
+        runner.join(10)
+    # Here django-q2 did not kill it (no cluster): the run's own ending replaces the words.
+    done = Task.objects.get(pk=task.id)
+    assert (done.status, done.error) == ("completed", "")
+
+    # A worker that was killed: its run holds the words and its lease expired.
+    killed = lifecycle.create(owner=user, agent_id="echo", input="killed")
+    orphan = lifecycle.create(owner=user, agent_id="echo", input="orphan")
+    for t in (killed, orphan):
+        store.claim(t.run_id, "gone")
+    store.record_last_words(killed.run_id, "gone", expected)
+    Run.objects.filter(pk__in=[killed.run_id, orphan.run_id]).update(
+        heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
+    lifecycle.recover()
+    assert Task.objects.get(pk=killed.id).error == expected
+    assert Task.objects.get(pk=orphan.id).error == "The server stopped while the task was running"

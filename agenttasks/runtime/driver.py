@@ -6,6 +6,7 @@ works; an exception becomes a failed run, never a lost one.
 """
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -55,6 +56,9 @@ class Heartbeat:
         self.flag = flag
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
+        killed_after = deadlines.q_timeout()
+        # When django-q2's own timeout comes (a worker it kills says nothing more).
+        self.kill_at = time.monotonic() + killed_after if killed_after else math.inf
 
     def start(self) -> None:
         _beater().track(self)
@@ -92,7 +96,7 @@ class _Beater(threading.Thread):
     def track(self, heartbeat: Heartbeat) -> None:
         with self._lock:
             self._beats[id(heartbeat)] = heartbeat
-            sooner = heartbeat.deadline < self._wake_at
+            sooner = min(heartbeat.deadline, heartbeat.kill_at) < self._wake_at
         if sooner:  # a deadline before the next beat: plan the wait again
             self.wake.set()
         # A stop written by any process (the database notifies it), and a task settled by this
@@ -119,6 +123,9 @@ class _Beater(threading.Thread):
                 try:
                     if now >= heartbeat.deadline and not heartbeat.flag.timed_out:
                         heartbeat.expire()
+                    if now >= heartbeat.kill_at:
+                        heartbeat.kill_at = math.inf
+                        deadlines.last_words(heartbeat.run_id, heartbeat.worker)
                     heartbeat.beat()
                 except Exception:
                     logger.warning("heartbeat.failed run=%s", heartbeat.run_id, exc_info=True)
@@ -134,7 +141,7 @@ class _Beater(threading.Thread):
         with self._lock:
             deadlines_left = [
                 b.deadline - time.monotonic() for b in self._beats.values() if not b.flag.timed_out
-            ]
+            ] + [b.kill_at - time.monotonic() for b in self._beats.values()]
         wait = max(0.0, min([wait, *deadlines_left]))
         self._wake_at = time.monotonic() + wait
         return wait
