@@ -200,7 +200,7 @@ def verify(headers, body, secret: str, tolerance: int = 300, *, now: float | Non
 
 def send(task_id: str, status: str, version: int = 0) -> dict | None:
     """POST the callback of one ending (the queued job); record and log the outcome."""
-    from . import store
+    from . import metrics, store
     from .models import Task
 
     if version and not Task.objects.filter(pk=task_id, callback_version__lt=version).update(
@@ -250,6 +250,7 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
         logger.warning(
             "Error sending callback to %s: task_id=%s error=%s", host, task.id, outcome["error"]
         )
+    metrics.count("agenttasks_callbacks_total", outcome="delivered" if delivered else "failed")
     event = "callback.delivered" if delivered else "callback.failed"
     try:
         store.append_events(task.conversation_id, [(event, outcome, "", task.id)])

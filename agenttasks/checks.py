@@ -128,6 +128,30 @@ def check_cluster(app_configs=None, **kwargs):
     return []
 
 
+@register()
+def check_deadlines(app_configs=None, **kwargs):
+    """Every agent's deadline comes before django-q2 kills the worker."""
+    timeout = (getattr(settings, "Q_CLUSTER", None) or {}).get("timeout")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        return []
+    try:
+        agents = registry.agents()
+    except ImproperlyConfigured:
+        return []  # reported by check_agents (E004)
+    return [
+        Warning(
+            f"agent {agent.id!r}: its timeout ({format(agent.timeout, 'g')} s) is not below "
+            f"Q_CLUSTER['timeout'] ({format(timeout, 'g')} s), so django-q2 kills the worker "
+            "before the agent's deadline can stop the run.",
+            hint="Set the agent's timeout_seconds (or AGENTTASKS DEFAULT_TIMEOUT) below "
+            "Q_CLUSTER['timeout'], or raise Q_CLUSTER['timeout'] (and 'retry' above it).",
+            id="agenttasks.W009",
+        )
+        for agent in agents
+        if agent.timeout >= timeout
+    ]
+
+
 @register(Tags.database)
 def check_sqlite(app_configs=None, databases=None, **kwargs):
     """On SQLite, transactions must take the write lock at BEGIN for the store's checks to hold."""

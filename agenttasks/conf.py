@@ -33,6 +33,7 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "DELEGATION_WAIT_TIMEOUT": 600,
     "IDEMPOTENCY_TTL": 86_400,
     "IDEMPOTENCY_WAIT": 5,
+    "DEFAULT_TIMEOUT": 600,
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -76,6 +77,11 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_API_KEY": None,
     "DEFAULT_MODEL": None,
     "MODEL_HEADERS": {},
+    # Operating (docs/rest.md#health-and-metrics, docs/lifecycle.md#retention).
+    "HEALTH_TOKEN": None,
+    "METRICS_ENABLED": False,
+    "METRICS_TOKEN": None,
+    "RETENTION": {"finished_days": 30, "idempotency_hours": 24, "failures_days": 7},
 }
 
 # Integer settings where 0 is a value of its own ("no limit", "no retries").
@@ -130,6 +136,10 @@ class AppSettings:
         if name in ENVIRONMENT_FALLBACKS:
             # The environment is read when a value is needed, never at import time.
             return raw or os.environ.get(ENVIRONMENT_FALLBACKS[name]) or None
+        if name == "RETENTION":
+            # Each age that is missing, None or not positive reads as its default.
+            given = raw if isinstance(raw, dict) else {}
+            return {key: _positive_number(given.get(key), value) for key, value in default.items()}
         if name in ("FILES", "DEFAULT_HITL", "DEFAULT_BUDGET"):
             merged = {**default, **(raw or {})}
             if name == "DEFAULT_HITL":

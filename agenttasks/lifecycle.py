@@ -954,7 +954,7 @@ def recover() -> list[Task]:
             logger.info("recover.stuck_ending_gone task=%s", task.id)
     for conversation_id in store.fail_dead_conversation_runs():
         wakeups.schedule_delivery(conversation_id)
-    for run_id in store.requeue_stale():
+    for run_id in store.requeue_stale(queue.queued_runs(app_settings.REQUEUE_AFTER)):
         try:
             queue.enqueue_run(run_id)
         except Exception:

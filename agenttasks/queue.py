@@ -11,8 +11,10 @@ import logging
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
+from datetime import timedelta
 
 from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -42,6 +44,41 @@ class DjangoQBackend:
         capture = _capturing_broker()(broker.list_key)
         async_task(func, *args, broker=capture)  # django-q2 builds and signs the package
         return {"key": broker.list_key, "payload": capture.payload, "lock": timezone.now()}
+
+    def queued_runs(self, handed_within: float) -> set[str] | None:
+        """Run ids with a job outstanding in the broker's table (ORM broker here), else None.
+
+        A job stays in django-q2's table until a worker acknowledges it. It is outstanding while
+        it waits there, or when a cluster took it less than `handed_within` seconds ago (its
+        lock then reads `retry` seconds after that). A job taken longer ago whose run was never
+        claimed was lost with the worker that took it (killed before the claim): django-q2
+        would deliver it again only after `retry`, so it does not count.
+        """
+        broker = _database_broker()
+        if broker is None:
+            return None
+        from django_q.conf import Conf
+        from django_q.models import OrmQ
+        from django_q.signing import SignedPackage
+
+        now = timezone.now()
+        taken_since = now + timedelta(seconds=(Conf.RETRY or 0) - handed_within)
+        held = set()
+        payloads = (
+            OrmQ.objects.using(DEFAULT_DB_ALIAS)
+            .filter(key=broker.list_key)
+            .filter(Q(lock__lte=now) | Q(lock__gt=taken_since))
+            .values_list("payload", flat=True)
+        )
+        for payload in payloads.iterator(chunk_size=2000):
+            try:
+                package = SignedPackage.loads(payload)
+            except Exception:  # a job another site signed, or not a package at all
+                continue
+            args = package.get("args") or ()
+            if package.get("func") == EXECUTE_RUN and args:
+                held.add(args[0])
+        return held
 
 
 @functools.cache
@@ -134,6 +171,19 @@ def use_backend(backend):
         _backend = previous
 
 
+def queued_runs(handed_within: float) -> set[str] | None:
+    """Run ids whose job is still outstanding in the broker, or None when it cannot tell."""
+    probe = getattr(_backend, "queued_runs", None)
+    return probe(handed_within) if probe is not None else None
+
+
+def is_worker_timeout(exc: BaseException) -> bool:
+    """Whether `exc` is django-q2 stopping a job at its `timeout`."""
+    from django_q.exceptions import TimeoutException
+
+    return isinstance(exc, TimeoutException)
+
+
 def enqueue_run(run_id: str) -> None:
     """Enqueue the execution of a run now (callers use `launch_on_commit`)."""
     _backend.enqueue(EXECUTE_RUN, run_id)
@@ -171,8 +221,11 @@ def enqueue_job(func: str, *args) -> None:
     transaction.on_commit(send)
 
 
-def install_schedule(name: str, func: str, minutes: int = 1) -> None:
-    """Make sure exactly one repeating django-q2 schedule named `name` runs `func`."""
+def install_schedule(name: str, func: str, minutes: int = 1, *, daily: bool = False) -> None:
+    """Make sure exactly one repeating django-q2 schedule named `name` runs `func`.
+
+    It repeats every `minutes`, or once a day with `daily`.
+    """
     from django_q.models import Schedule
 
     try:
@@ -186,8 +239,8 @@ def install_schedule(name: str, func: str, minutes: int = 1) -> None:
                 Schedule.objects.create(
                     name=name,
                     func=func,
-                    schedule_type=Schedule.MINUTES,
-                    minutes=minutes,
+                    schedule_type=Schedule.DAILY if daily else Schedule.MINUTES,
+                    minutes=None if daily else minutes,
                     repeats=-1,
                 )
             elif len(rows) > 1:  # left by versions that raced here
@@ -196,6 +249,24 @@ def install_schedule(name: str, func: str, minutes: int = 1) -> None:
         logger.exception("queue.schedule_failed name=%s", name)
         return
     logger.debug("queue.schedule_ready name=%s removed=%d", name, max(len(rows) - 1, 0))
+
+
+def old_failures(before, limit: int) -> list:
+    """Ids of django-q2's failure rows (failed jobs it kept) that stopped before `before`."""
+    from django_q.models import Failure
+
+    return list(
+        Failure.objects.filter(stopped__lt=before)
+        .order_by("stopped")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def delete_failures(ids: list) -> int:
+    """Delete those failure rows; return how many went."""
+    from django_q.models import Failure
+
+    return Failure.objects.filter(pk__in=ids).delete()[0]
 
 
 def _lock_schedules(name: str) -> None:

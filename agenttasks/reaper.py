@@ -9,15 +9,14 @@ machines can run at once.
 import logging
 import random
 import threading
-from datetime import timedelta
 
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import lifecycle, queue, store
+from . import health, lifecycle, metrics, queue, retention, store
 from .conf import app_settings
 from .models import PendingAction, Run, Task, Wakeup
-from .states import RunStatus, TaskStatus, WakeupState
+from .states import TaskStatus, WakeupState
 from .store.sweeps import lease_cutoff
 
 logger = logging.getLogger(__name__)
@@ -32,6 +31,8 @@ def reap() -> dict:
     close_old_connections()
     try:
         failed = lifecycle.recover()
+        health.record_pass()
+        metrics.count("agenttasks_orphans_failed_total", len(failed))
         return {"failed": [t.id for t in failed]}
     finally:
         close_old_connections()
@@ -40,18 +41,18 @@ def reap() -> dict:
 def preview() -> dict:
     """Say what a reaper pass would do, changing nothing (`agenttasks_reap --dry-run`)."""
     now = timezone.now()
-    requeue = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
+    held = queue.queued_runs(app_settings.REQUEUE_AFTER)
     return {
         "orphans": list(
             Task.objects.visible()
             .filter(status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(lease_cutoff()))
             .values_list("id", flat=True)
         ),
-        "requeue": list(
-            Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=requeue).values_list(
-                "id", flat=True
-            )
-        ),
+        "requeue": [
+            run_id
+            for run_id in store.stale_queued(now).values_list("id", flat=True)[:1000]
+            if held is None or run_id not in held
+        ],
         "expired_actions": list(
             PendingAction.objects.open().filter(deadline__lt=now).values_list("id", flat=True)
         ),
@@ -82,5 +83,6 @@ def start_ticker(**kwargs) -> None:
         if _ticker is not None and _ticker.is_alive():
             return
         queue.install_schedule(SCHEDULE_NAME, "agenttasks.reaper.reap")
+        queue.install_schedule(retention.SCHEDULE_NAME, "agenttasks.retention.run", daily=True)
         _ticker = threading.Thread(target=_tick, name="agenttasks-reaper", daemon=True)
         _ticker.start()

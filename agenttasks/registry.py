@@ -50,6 +50,12 @@ class AgentDef:
     a2a: bool = True  # served over the Agent2Agent protocol (docs/a2a.md); False opts out
     metadata: dict = field(default_factory=dict)
     stream: bool = True  # chat: ask for a streamed completion (message.delta to live readers)
+    timeout_seconds: float | None = None
+
+    @property
+    def timeout(self) -> float:
+        """Seconds one execution of a run may take (its own, else DEFAULT_TIMEOUT)."""
+        return self.timeout_seconds or app_settings.DEFAULT_TIMEOUT
 
     def snapshot(self) -> dict:
         """Return the JSON configuration a task keeps as `inherit`."""
@@ -143,6 +149,14 @@ def _check_hitl(agent_id: str, hitl) -> dict:
     return dict(hitl)
 
 
+def _check_timeout(agent_id: str, value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _fail(agent_id, f"timeout_seconds has an invalid value {value!r}")
+    return value
+
+
 def build(agent_id: str, **fields) -> AgentDef:
     """Validate a definition and return it, or raise ImproperlyConfigured naming the field."""
     if not isinstance(agent_id, str) or not ID_RE.match(agent_id):
@@ -205,6 +219,7 @@ def build(agent_id: str, **fields) -> AgentDef:
         a2a=bool(fields.get("a2a", True)),
         metadata=dict(fields.get("metadata") or {}),
         stream=stream,
+        timeout_seconds=_check_timeout(agent_id, fields.get("timeout_seconds")),
     )
 
 

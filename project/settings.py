@@ -148,8 +148,9 @@ Q_CLUSTER = {
     "recycle": int(os.environ.get("Q_RECYCLE", "500")),
     # A job may run as long as its inline delegation tree; django-q2 re-delivers it only after
     # `retry`, which must exceed `timeout` (the claim makes a second delivery harmless anyway).
-    "timeout": 600,
-    "retry": 660,
+    # Above every agent's own deadline (DEFAULT_TIMEOUT, 600 s), so that deadline strikes first.
+    "timeout": 660,
+    "retry": 720,
     "max_attempts": 1,
     "poll": 0.05,
     "catch_up": False,

@@ -30,9 +30,10 @@ def gate(ctx):
 
 
 def slow(ctx):
-    """Sleep metadata.seconds; with metadata.steps, report that many progress steps evenly."""
+    """Sleep metadata["seconds"], reporting progress steps evenly: metadata["steps"] of them, or
+    one a second with metadata["progress"]."""
     seconds = float(ctx.metadata.get("seconds", 1))
-    steps = int(ctx.metadata.get("steps", 0))
+    steps = int(ctx.metadata.get("steps") or (int(seconds) if ctx.metadata.get("progress") else 0))
     started = time.monotonic()
     deadline = started + seconds
     reported = 0

@@ -7,7 +7,7 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from .. import lifecycle
+from .. import health, lifecycle
 from ..conf import app_settings
 from ..models import PendingAction, Run, Task
 from ..states import TERMINAL, ActionStatus, RunStatus, TaskStatus
@@ -56,7 +56,19 @@ def context(now=None) -> dict:
         .order_by(F("heartbeat_at").asc(nulls_first=True), "started_at")
         .first()
     )
+    healthy, checked = health.check(details=True)  # one statement
     return {
+        "queue": {
+            "healthy": healthy,
+            "reasons": checked.get("reasons", []),
+            **checked.get("details", {}),
+            "oldest_queued": human_duration(
+                (checked.get("details", {}).get("queue") or {}).get("oldestQueuedAgeSeconds")
+            ),
+            "last_pass": _age_or_never(
+                (checked.get("details", {}).get("reaper") or {}).get("lastPassAgeSeconds")
+            ),
+        },
         "status_counts": [(s, TaskStatus(s).label, counts.get(s, 0)) for s in TaskStatus.values],
         "total": sum(counts.values()),
         "running": [
@@ -87,6 +99,10 @@ def context(now=None) -> dict:
         "lease_timeout": app_settings.LEASE_TIMEOUT,
         "chart": chart(now),
     }
+
+
+def _age_or_never(seconds: float | None) -> str:
+    return "never" if seconds is None else human_duration(seconds)
 
 
 def chart(now) -> dict:

@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from .. import lifecycle
 from ..models import File, PendingAction, Run, Task, TaskResult
 from ..states import LIVE, ActionKind, ActionStatus
-from . import operations, overview, timeline, tree
+from . import live, operations, overview, timeline, tree
 from .base import (
     DELEGATE,
     ReadOnlyAdmin,
@@ -207,6 +207,7 @@ class TaskAdmin(ReadOnlyAdmin):
         return [
             path("overview/", wrap(self.overview_view), name=f"{prefix}_overview"),
             path("<path:object_id>/operate/", wrap(self.operate_view), name=f"{prefix}_operate"),
+            path("<path:object_id>/live/", wrap(self.live_view), name=f"{prefix}_live"),
             path(
                 "<path:object_id>/actions/<str:action_id>/",
                 wrap(self.resolve_view),
@@ -253,6 +254,13 @@ class TaskAdmin(ReadOnlyAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "agenttasks/admin/task_detail.html", context)
+
+    def live_view(self, request, object_id):
+        """The task's conversation events, as a stream its page follows (admin/live.py)."""
+        task = self.get_queryset(request).filter(pk=unquote(object_id)).first()
+        if not self.has_view_permission(request, task):
+            raise PermissionDenied
+        return live.stream(request, task)
 
     def detail_context(self, request, task: Task) -> dict:
         runs = list(Run.objects.filter(task=task).order_by("created_at", "id"))

@@ -12,7 +12,7 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
 from ..a2a import available as a2a_available
-from . import errors, schema, views
+from . import errors, ops, schema, views
 
 ROUTES = [
     ("", schema.IndexView, "index"),
@@ -60,6 +60,9 @@ urlpatterns = [
         for r, view, name in ROUTES
     ),
     re_path(r"^docs/assets/(?P<name>[^/]+)/?$", schema.AssetView.as_view(), name="docs-asset"),
+    # Operating endpoints (api/ops.py): plain views for load balancers and Prometheus.
+    re_path(r"^health/?$", ops.health, name="health"),
+    re_path(r"^metrics/?$", ops.metrics, name="metrics"),
 ]
 if a2a_available():  # the A2A servers (docs/a2a.md), with the `a2a` extra installed
     from ..a2a.urls import urlpatterns as a2a_patterns

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agenttasks', '0009_idempotency_keys'),
+        ('agenttasks', '0010_operations'),
     ]
 
     operations = [

@@ -5,6 +5,7 @@ from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
 from .idempotency import IdempotencyKey
+from .ops import Counter, ReaperPass
 from .run import Run
 from .slot import Slot
 from .task import Comment, Task, TaskResult
@@ -15,11 +16,13 @@ __all__ = [
     "A2APushConfig",
     "RESERVED_METADATA",
     "Comment",
+    "Counter",
     "Conversation",
     "Event",
     "File",
     "IdempotencyKey",
     "PendingAction",
+    "ReaperPass",
     "Run",
     "Slot",
     "Task",

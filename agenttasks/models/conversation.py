@@ -64,6 +64,12 @@ class Conversation(models.Model):
             models.Index(
                 fields=["owner", "hidden", "-updated_at", "-id"], name="agenttasks_conv_owner_idx"
             ),
+            # Retention: the roots of conversation trees by age.
+            models.Index(
+                fields=["updated_at"],
+                name="agenttasks_conv_root_idx",
+                condition=models.Q(parent__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

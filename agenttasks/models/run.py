@@ -60,6 +60,18 @@ class Run(models.Model):
     worker = models.CharField("worker", max_length=200, blank=True)
     heartbeat_at = models.DateTimeField("heartbeat", null=True, blank=True)
     queued_at = models.DateTimeField("queued", default=timezone.now)
+    requeues = models.PositiveIntegerField(
+        "requeues",
+        default=0,
+        db_default=0,
+        help_text="How often the reaper enqueued this run again since it last became queued.",
+    )
+    requeue_at = models.DateTimeField(
+        "next requeue check",
+        null=True,
+        blank=True,
+        help_text="The reaper looks at this queued run again no earlier than this.",
+    )
     started_at = models.DateTimeField("started", null=True, blank=True)
     ended_at = models.DateTimeField("ended", null=True, blank=True)
     output = models.TextField("output", blank=True)

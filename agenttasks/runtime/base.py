@@ -54,6 +54,7 @@ class StopFlag:
 
     def __init__(self):
         self._value = ""
+        self.timed_out = ""  # the error, once the run's deadline has passed
         self._lock = threading.Lock()
         self.changed = threading.Event()
 

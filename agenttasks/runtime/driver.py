@@ -6,6 +6,7 @@ works; an exception becomes a failed run, never a lost one.
 """
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -14,7 +15,7 @@ import time
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
-from .. import lifecycle, registry, store
+from .. import deadlines, lifecycle, metrics, queue, registry, store
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
 from ..listen import hub, stop_key, task_key
@@ -47,11 +48,17 @@ class Heartbeat:
     process, not one per run: starting and joining a thread per run cost more than the run.
     """
 
-    def __init__(self, run: Run, worker: str, flag: StopFlag):
+    def __init__(self, run: Run, worker: str, flag: StopFlag, timeout: float):
+        self.run = run
         self.run_id = run.id
         self.task_id = run.task_id
         self.worker = worker
         self.flag = flag
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        killed_after = deadlines.q_timeout()
+        # When django-q2's own timeout comes (a worker it kills says nothing more).
+        self.kill_at = time.monotonic() + killed_after if killed_after else math.inf
 
     def start(self) -> None:
         _beater().track(self)
@@ -68,6 +75,12 @@ class Heartbeat:
         # A run that is gone, or no longer this worker's, reads as an immediate stop.
         self.flag.set("now" if current is None else current)
 
+    def expire(self) -> None:
+        """Stop the run at its deadline: it and its task fail, and the runtime stops now."""
+        self.flag.timed_out = deadlines.timeout_text(self.timeout)
+        self.flag.set("now")
+        deadlines.fail(self.run, self.flag.timed_out)
+
 
 class _Beater(threading.Thread):
     """This process's heartbeat thread."""
@@ -78,10 +91,14 @@ class _Beater(threading.Thread):
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self._beats: dict[int, Heartbeat] = {}
+        self._wake_at = 0.0  # when the thread wakes next (monotonic)
 
     def track(self, heartbeat: Heartbeat) -> None:
         with self._lock:
             self._beats[id(heartbeat)] = heartbeat
+            sooner = min(heartbeat.deadline, heartbeat.kill_at) < self._wake_at
+        if sooner:  # a deadline before the next beat: plan the wait again
+            self.wake.set()
         # A stop written by any process (the database notifies it), and a task settled by this
         # one (published in process: an immediate stop finalizes the task).
         hub.add(stop_key(heartbeat.run_id), self.wake)
@@ -97,12 +114,18 @@ class _Beater(threading.Thread):
 
     def run(self) -> None:
         while True:
-            self.wake.wait(app_settings.HEARTBEAT_INTERVAL)
+            self.wake.wait(self._next_wait())
             self.wake.clear()
             with self._lock:
                 beats = list(self._beats.values())
+            now = time.monotonic()
             for heartbeat in beats:
                 try:
+                    if now >= heartbeat.deadline and not heartbeat.flag.timed_out:
+                        heartbeat.expire()
+                    if now >= heartbeat.kill_at:
+                        heartbeat.kill_at = math.inf
+                        deadlines.last_words(heartbeat.run_id, heartbeat.worker)
                     heartbeat.beat()
                 except Exception:
                     logger.warning("heartbeat.failed run=%s", heartbeat.run_id, exc_info=True)
@@ -111,6 +134,17 @@ class _Beater(threading.Thread):
                 # Nothing to beat: hold no database session (CONN_MAX_AGE would keep it open,
                 # and an idle process must not pin a database, e.g. a test database at drop).
                 connection.close()
+
+    def _next_wait(self) -> float:
+        """Until the next beat, or sooner when a run's deadline comes first."""
+        wait = app_settings.HEARTBEAT_INTERVAL
+        with self._lock:
+            deadlines_left = [
+                b.deadline - time.monotonic() for b in self._beats.values() if not b.flag.timed_out
+            ] + [b.kill_at - time.monotonic() for b in self._beats.values()]
+        wait = max(0.0, min([wait, *deadlines_left]))
+        self._wake_at = time.monotonic() + wait
+        return wait
 
 
 _beater_instance: _Beater | None = None
@@ -170,22 +204,33 @@ def drive(run: Run, worker: str, **context) -> None:
     """Heartbeat a claimed run while its runtime executes, then hand over its ending."""
     flag = StopFlag()
     flag.set(run.stop_request)
-    heartbeat = Heartbeat(run, worker, flag)
+    heartbeat = Heartbeat(run, worker, flag, deadlines.timeout_of(run.agent))
     heartbeat.start()
+    begun = time.monotonic()
     try:
         outcome = _execute(run, flag, **context)
+        seconds = time.monotonic() - begun
         try:
             reconnecting(
                 lambda: lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
             )
         except (TaskNotFound, RunNotFound):
             logger.info("worker.tree_deleted run=%s", run.id)
+        metrics.record_run(run, outcome.status, seconds, outcome.usage)
     finally:
         heartbeat.stop()
 
 
 def _execute(run: Run, flag: StopFlag, **context) -> RunOutcome:
     """Run the agent's runtime outside any transaction and turn every ending into an outcome."""
+    outcome = _run_runtime(run, flag, **context)
+    if flag.timed_out and outcome.status in ("cancelled", "failed"):
+        # Stopped at its deadline: the heartbeat has ended it already, with this error.
+        return RunOutcome(run.id, "failed", error=flag.timed_out, append_message=False)
+    return outcome
+
+
+def _run_runtime(run: Run, flag: StopFlag, **context) -> RunOutcome:
     try:
         agent = registry.get(run.agent)
         # The claim read the run with its task and conversation; the store re-reads the stop
@@ -209,3 +254,9 @@ def _execute(run: Run, flag: StopFlag, **context) -> RunOutcome:
     except Exception as exc:
         logger.exception("worker.run_raised run=%s", run.id)
         return RunOutcome(run.id, "failed", error=str(exc) or type(exc).__name__)
+    except SystemExit as exc:
+        if not queue.is_worker_timeout(exc):
+            raise
+        # django-q2's timeout struck before the agent's deadline (a system check warns).
+        logger.error("worker.killed_by_timeout run=%s", run.id)
+        return RunOutcome(run.id, "failed", error=deadlines.killed_text())

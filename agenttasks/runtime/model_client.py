@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpcore
 import httpx
 
-from .. import __version__
+from .. import __version__, metrics
 from ..conf import app_settings
 from .base import RunContext, RunStopped
 from .budget import Budget, BudgetExceeded
@@ -329,14 +329,18 @@ class ModelClient:
         attempt = 0
         while True:
             try:
-                return self._send(body, on_delta)
+                response = self._send(body, on_delta)
             except ModelError as exc:
+                metrics.count("agenttasks_model_requests_total", outcome="error")
                 if not exc.retryable or attempt >= self.config.retries:
                     raise
                 attempt += 1
                 delay = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
                 logger.info("chat.retry run=%s attempt=%d error=%s", self.ctx.run_id, attempt, exc)
                 self._sleep(delay)
+            else:
+                metrics.count("agenttasks_model_requests_total", outcome="ok")
+                return response
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -41,7 +41,9 @@ from .sweeps import (
     expired_actions,
     fail_dead_conversation_runs,
     fail_orphans,
+    record_last_words,
     requeue_stale,
+    stale_queued,
     stuck_endings,
 )
 from .tasks import (
@@ -95,7 +97,9 @@ __all__ = [
     "release_retry_claim",
     "reopen",
     "request_stop",
+    "record_last_words",
     "requeue_stale",
+    "stale_queued",
     "resume_paused",
     "retry_claim",
     "retry_prompt",

@@ -68,7 +68,8 @@ def move_to_new_run(task: Task, run: Run, now: datetime, *more_fields: str) -> N
 def requeue_paused(log: Log, run: Run, now: datetime, task: Task | None = None) -> None:
     """Queue a paused run again under its own id (an answer or a settled child resumed it)."""
     run.status, run.queued_at = RunStatus.QUEUED, now
-    run.save(update_fields=["status", "queued_at"])
+    run.requeues, run.requeue_at = 0, None
+    run.save(update_fields=["status", "queued_at", "requeues", "requeue_at"])
     if task is not None:
         set_status(task, TaskStatus.PENDING)
         save_task(task, ["status"], now)

@@ -19,6 +19,9 @@ from .locking import Log, hold_task, lock_open_action, lock_task, run_finished
 from .rows import resolve_action
 
 BATCH = 500
+# How a run's worker says, just before django-q2's timeout kills it, why it will go silent
+# (agenttasks.deadlines.KILLED_TEXT starts so); the reaper then fails the run with that text.
+KILLED_PREFIX = "Stopped by django-q2 after its timeout"
 
 
 def lease_cutoff() -> datetime:
@@ -32,18 +35,24 @@ def fail_orphans() -> list[Task]:
     candidates = (
         Task.objects.visible()
         .filter(status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(cutoff))
-        .values_list("pk", "run_id")[:BATCH]
-    )
-    orphan = RunOutcome(None, TaskStatus.FAILED, error=ORPHAN_TEXT, append_message=False)
-    ending = Ending(
-        TaskStatus.FAILED, summary=ORPHAN_TEXT, error=ORPHAN_TEXT, reason="lease expired"
+        .values_list("pk", "run_id", "run__error")[:BATCH]
     )
     failed = []
-    for task_id, run_id in list(candidates):
+    for task_id, run_id, last_words in list(candidates):
+        text = last_words if last_words.startswith(KILLED_PREFIX) else ORPHAN_TEXT
+        orphan = RunOutcome(None, TaskStatus.FAILED, error=text, append_message=False)
+        ending = Ending(TaskStatus.FAILED, summary=text, error=text, reason="lease expired")
         ended = end(task_id, run_id, ending, outcome=orphan, lease_cutoff=cutoff)
         if ended.task is not None:
             failed.append(ended.task)
     return failed
+
+
+def record_last_words(run_id: str, worker: str, text: str) -> bool:
+    """Note on a run its worker still holds why it is about to go silent (no status changes)."""
+    return bool(
+        Run.objects.filter(pk=run_id, worker=worker, status=RunStatus.RUNNING).update(error=text)
+    )
 
 
 def stuck_endings() -> list[tuple[Task, RunOutcome]]:
@@ -99,22 +108,50 @@ def fail_dead_conversation_runs() -> list[str]:
     return ended
 
 
-def requeue_stale() -> list[str]:
-    """Move the queued_at of runs queued longer than REQUEUE_AFTER; return them to enqueue again."""
-    now = timezone.now()
+# A run's job lost outside the database (another broker) is sent again after REQUEUE_AFTER, then
+# after twice that, and so on, up to 2**MAX_DOUBLINGS times REQUEUE_AFTER.
+MAX_DOUBLINGS = 6
+REQUEUE_BATCH = 1000
+
+
+def stale_queued(now: datetime) -> models.QuerySet[Run]:
+    """Current queued runs older than REQUEUE_AFTER that are due for a look by the reaper."""
     cutoff = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
-    stale = Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff).filter(
-        Q(task__isnull=True) | Q(task__run_id=models.F("id"))
+    return (
+        Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff)
+        .filter(Q(requeue_at__isnull=True) | Q(requeue_at__lte=now))
+        .filter(Q(task__isnull=True) | Q(task__run_id=models.F("id")))
     )
-    run_ids = list(stale.values_list("pk", flat=True)[:1000])
-    # Moving queued_at under the same predicate lets only one reaper re-enqueue each run.
-    return [
-        run_id
-        for run_id in run_ids
-        if Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, queued_at__lt=cutoff).update(
-            queued_at=now
+
+
+def requeue_stale(queued_jobs: set[str] | None) -> list[str]:
+    """Record a re-enqueue of each stale queued run that needs a job; return them to enqueue.
+
+    `queued_jobs` holds the runs whose job is still in the broker's table (ORM broker): those
+    get none, so a run never has two jobs waiting. Without it (another broker) a run is sent
+    again with a backoff recorded on the run. The compare-and-set on `requeue_at` lets only one
+    of several reapers re-enqueue a run.
+    """
+    now = timezone.now()
+    after = timedelta(seconds=app_settings.REQUEUE_AFTER)
+    due = stale_queued(now)
+    # Least recently looked at first, so a backlog larger than a batch is covered in turn.
+    order = (models.F("requeue_at").asc(nulls_first=True), "queued_at")
+    candidates = list(due.order_by(*order).values_list("pk", "requeues")[:REQUEUE_BATCH])
+    if queued_jobs is not None:
+        waiting = [run_id for run_id, _ in candidates if run_id in queued_jobs]
+        # Their jobs are still in the queue: look again after REQUEUE_AFTER.
+        Run.objects.filter(pk__in=waiting, status=RunStatus.QUEUED).update(requeue_at=now + after)
+        candidates = [(run_id, n) for run_id, n in candidates if run_id not in queued_jobs]
+    sent = []
+    for run_id, requeues in candidates:
+        doublings = 0 if queued_jobs is not None else min(requeues + 1, MAX_DOUBLINGS)
+        won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, requeues=requeues).update(
+            requeues=requeues + 1, requeue_at=now + after * 2**doublings
         )
-    ]
+        if won:
+            sent.append(run_id)
+    return sent
 
 
 def conversations_owed() -> list[str]:

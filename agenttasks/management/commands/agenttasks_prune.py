@@ -1,21 +1,16 @@
-"""Delete files past their retention, and optionally the conversations of old finished tasks."""
-
-from datetime import timedelta
+"""Prune what is past its age (RETENTION), as the daily schedule does; --dry-run only reports."""
 
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
-from agenttasks import files, lifecycle
-from agenttasks.exceptions import ConversationNotFound
-from agenttasks.models import Task
-from agenttasks.states import TERMINAL
+from agenttasks import retention
 
 
 class Command(BaseCommand):
     help = (
-        "Delete stored files older than their agent's retentionDays; with "
-        "--finished-older-than-days N, also delete the conversations (with their whole tree) "
-        "of tasks created over REST or by site code that finished more than N days ago."
+        "Delete finished conversation trees older than RETENTION['finished_days'] (with their "
+        "events, runs, tasks, wake-ups, actions and files), files past their agent's "
+        "retentionDays, expired idempotency keys and old django-q2 failure rows, at most 1,000 "
+        "rows per transaction. --dry-run reports what would go and changes nothing."
     )
 
     def add_arguments(self, parser):
@@ -27,36 +22,12 @@ class Command(BaseCommand):
             type=float,
             default=None,
             metavar="N",
-            help="Also delete finished tasks' conversations older than N days.",
+            help="Prune finished trees idle for more than N days (instead of finished_days).",
         )
 
     def handle(self, *args, dry_run=False, finished_older_than_days=None, **options):
-        removed = files.prune(dry_run=dry_run)
-        verb = "would delete" if dry_run else "deleted"
-        self.stdout.write(f"files {verb}: {len(removed)}")
-        if finished_older_than_days is None:
-            return
-        if finished_older_than_days < 0:
+        if finished_older_than_days is not None and finished_older_than_days < 0:
             raise CommandError("--finished-older-than-days must be 0 or more")
-        cutoff = timezone.now() - timedelta(days=finished_older_than_days)
-        # Top-level tasks only: a spawned task's hidden conversation goes with its parent's tree.
-        conversations = list(
-            Task.objects.filter(
-                status__in=TERMINAL,
-                finished_at__lt=cutoff,
-                parent_conversation__isnull=True,
-                conversation__hidden=False,
-                conversation__deleting_at__isnull=True,
-            ).values_list("conversation_id", flat=True)
-        )
-        deleted = 0
-        for conversation_id in conversations:
-            if dry_run:
-                continue
-            try:
-                lifecycle.delete_conversation(conversation_id)
-            except ConversationNotFound:
-                continue
-            deleted += 1
-        count = len(conversations) if dry_run else deleted
-        self.stdout.write(f"finished tasks' conversations {verb}: {count}")
+        report = retention.prune(dry_run=dry_run, finished_days=finished_older_than_days)
+        for line in report.lines():
+            self.stdout.write(line)

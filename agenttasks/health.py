@@ -1,0 +1,113 @@
+"""Health: is the database reachable, and has any cluster run the reaper lately (docs/rest.md#health).
+
+The reaper records each pass in one row (`ReaperPass`), so any web process on any node can tell
+whether some cluster is alive. A check is one query; with details, still one (a single statement
+reads the pass, the queue and the expired leases).
+"""
+
+import os
+import socket
+import time
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+
+from django.db import DatabaseError, connection
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from .conf import app_settings
+from .models import ReaperPass, Run
+from .states import RunStatus
+
+REAPER = "reaper"
+
+
+def record_pass() -> None:
+    """Record that this process finished a reaper pass (one UPDATE; an INSERT the first time)."""
+    now = timezone.now()
+    node = f"{socket.gethostname()}:{os.getpid()}"
+    if not ReaperPass.objects.filter(pk=REAPER).update(node=node, finished_at=now):
+        ReaperPass.objects.get_or_create(pk=REAPER, defaults={"node": node, "finished_at": now})
+
+
+def reaper_window() -> float:
+    """Seconds without a reaper pass after which the service is degraded."""
+    return 3 * app_settings.REAP_INTERVAL
+
+
+def _details_sql() -> str:
+    runs, passes = Run._meta.db_table, ReaperPass._meta.db_table
+    return f"""
+        SELECT p.finished_at, p.node,
+            (SELECT COUNT(*) FROM {runs} WHERE status = %s),
+            (SELECT MIN(queued_at) FROM {runs} WHERE status = %s),
+            (SELECT COUNT(*) FROM {runs} WHERE status = %s
+                AND (heartbeat_at < %s OR (heartbeat_at IS NULL AND started_at < %s)))
+        FROM (SELECT 1 AS one) AS o LEFT JOIN {passes} AS p ON p.name = %s
+    """
+
+
+def _aware(value) -> datetime | None:
+    """A timestamp from a raw row (SQLite answers text, PostgreSQL a datetime)."""
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if parsed is not None and timezone.is_naive(parsed):
+        parsed = parsed.replace(tzinfo=dt_timezone.utc)
+    return parsed
+
+
+def check(*, details: bool) -> tuple[bool, dict]:
+    """Return (healthy, body) as `GET /health` answers it; `details` adds the figures."""
+    now = timezone.now()
+    reasons: list[str] = []
+    started = time.perf_counter()
+    try:
+        if details:
+            cutoff = now - timedelta(seconds=app_settings.LEASE_TIMEOUT)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _details_sql(),
+                    [
+                        RunStatus.QUEUED,
+                        RunStatus.QUEUED,
+                        RunStatus.RUNNING,
+                        cutoff,
+                        cutoff,
+                        REAPER,
+                    ],
+                )
+                last, node, queued, oldest, expired = cursor.fetchone()
+        else:
+            row = ReaperPass.objects.filter(pk=REAPER).values_list("finished_at", "node").first()
+            last, node = row if row else (None, None)
+            queued = oldest = expired = None
+    except DatabaseError as exc:
+        return False, {"status": "degraded", "reasons": [f"database unreachable: {exc}".strip()]}
+    round_trip = time.perf_counter() - started
+    last, oldest = _aware(last), _aware(oldest)
+    window = reaper_window()
+    if last is None:
+        reasons.append("no reaper pass recorded: is a cluster (manage.py qcluster) running?")
+    elif (now - last).total_seconds() > window:
+        age = round((now - last).total_seconds())
+        reasons.append(f"no reaper pass within {format(window, 'g')} s (the last was {age} s ago)")
+    body: dict = {"status": "degraded", "reasons": reasons} if reasons else {"status": "ok"}
+    if details:
+        body["details"] = {
+            "database": {"roundTripMs": round(round_trip * 1000, 2)},
+            "reaper": {
+                "lastPassAgeSeconds": None if last is None else _age(now, last),
+                "node": node,
+            },
+            "queue": {
+                "queued": queued,
+                "oldestQueuedAgeSeconds": None if oldest is None else _age(now, oldest),
+            },
+            "leases": {"expired": expired},
+        }
+    return not reasons, body
+
+
+def _age(now: datetime, then: datetime) -> float:
+    return round(max(0.0, (now - then).total_seconds()), 3)

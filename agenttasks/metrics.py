@@ -1,0 +1,188 @@
+"""Prometheus metrics, correct across processes and nodes (docs/rest.md#metrics).
+
+Gauges are computed from the database at scrape time with index-backed queries; counters and the
+run-duration histogram are durable rows (`Counter`) that every process increments with one
+upsert, so a worker restart loses nothing. `exposition()` renders them with prometheus-client.
+"""
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.db.models import Count, Min
+from django.utils import timezone
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
+
+from .conf import app_settings
+from .models import Counter, Run, Task
+from .states import RunStatus, TaskStatus
+
+logger = logging.getLogger(__name__)
+
+# Upper bounds (seconds) of the run-duration histogram's buckets.
+DURATION_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+BUCKET_LABELS = (*(floatToGoString(b) for b in DURATION_BUCKETS), "+Inf")  # "0.1" … "5.0"
+DURATION = "agenttasks_run_duration_seconds"
+COUNTERS = {
+    "agenttasks_orphans_failed_total": "Runs the reaper failed because their lease expired.",
+    "agenttasks_callbacks_total": "Callbacks sent, by outcome (delivered or failed).",
+    "agenttasks_model_requests_total": "Model-server requests, by outcome.",
+    "agenttasks_tokens_total": "Tokens runs spent, by agent and kind (input, output, total).",
+}
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={labels[key]}" for key in sorted(labels))
+
+
+def _parse(labels: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in labels.split(",")) if labels else {}
+
+
+def increment(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> None:
+    """Add to durable counters: (name, labels, amount) each, in one statement; never raises."""
+    values = [(name, _labels(labels), float(amount)) for name, labels, amount in rows if amount]
+    if not values:
+        return
+    table = Counter._meta.db_table
+    placeholders = ", ".join(["(%s, %s, %s)"] * len(values))
+    sql = (
+        f"INSERT INTO {table} (name, labels, value) VALUES {placeholders} "
+        f"ON CONFLICT (name, labels) DO UPDATE SET value = {table}.value + excluded.value"
+    )
+    params = [item for row in values for item in row]
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+    except Exception:
+        # A metric is never worth failing the work it counts.
+        logger.warning("metrics.increment_failed names=%s", [v[0] for v in values], exc_info=True)
+
+
+def count(name: str, amount: float = 1, **labels: str) -> None:
+    """Add `amount` to one durable counter."""
+    increment([(name, labels, amount)])
+
+
+def spent(run: Run, usage: Mapping | None) -> dict[str, float]:
+    """The tokens one execution of `run` spent, by kind, from its outcome's usage.
+
+    A chat run reports its window's running totals (snake_case keys), which a resumed run
+    carries over: what it had recorded when claimed is subtracted. A callable run reports the
+    usage of its reply (camelCase keys).
+    """
+    usage = usage or {}
+    if "prompt_tokens" in usage:
+        return {
+            "input": (usage.get("prompt_tokens") or 0) - run.prompt_tokens,
+            "output": (usage.get("completion_tokens") or 0) - run.completion_tokens,
+            "total": (usage.get("total_tokens") or 0) - run.total_tokens,
+        }
+    return {
+        "input": usage.get("inputTokens") or 0,
+        "output": usage.get("outputTokens") or 0,
+        "total": usage.get("totalTokens") or 0,
+    }
+
+
+def record_run(run: Run, outcome: str, seconds: float, usage: Mapping | None) -> None:
+    """Count one execution's ending: its duration in the histogram, and the tokens it spent."""
+    try:
+        rows = _run_rows(run, outcome, seconds, usage)
+    except Exception:  # a malformed usage never costs the run its ending
+        logger.warning("metrics.run_failed run=%s", run.id, exc_info=True)
+        return
+    increment(rows)
+
+
+def _run_rows(run: Run, outcome: str, seconds: float, usage: Mapping | None) -> list:
+    bounds = zip(DURATION_BUCKETS, BUCKET_LABELS, strict=False)  # "+Inf" has no bound
+    bucket = next((label for bound, label in bounds if seconds <= bound), "+Inf")
+    labels = {"agent": run.agent, "outcome": outcome}
+    rows = [
+        (f"{DURATION}_bucket", {**labels, "le": bucket}, 1),
+        (f"{DURATION}_sum", labels, seconds),
+        (f"{DURATION}_count", labels, 1),
+    ]
+    for kind, amount in spent(run, usage).items():
+        rows.append(("agenttasks_tokens_total", {"agent": run.agent, "kind": kind}, max(amount, 0)))
+    return rows
+
+
+class _Collector:
+    """Read every figure from the database when scraped."""
+
+    def collect(self):
+        now = timezone.now()
+        tasks = GaugeMetricFamily("agenttasks_tasks", "Tasks by status.", labels=["status"])
+        by_status = dict(Task.objects.order_by().values_list("status").annotate(n=Count("pk")))
+        for status in TaskStatus.values:
+            tasks.add_metric([status], by_status.get(status, 0))
+        yield tasks
+
+        queued = Run.objects.filter(status=RunStatus.QUEUED).aggregate(
+            n=Count("pk"), oldest=Min("queued_at")
+        )
+        yield GaugeMetricFamily("agenttasks_runs_queued", "Runs queued.", value=queued["n"])
+        oldest = queued["oldest"]
+        yield GaugeMetricFamily(
+            "agenttasks_oldest_queued_run_seconds",
+            "Age of the oldest queued run (0 when none).",
+            value=0 if oldest is None else max(0.0, (now - oldest).total_seconds()),
+        )
+        cutoff = now - timedelta(seconds=app_settings.LEASE_TIMEOUT)
+        yield GaugeMetricFamily(
+            "agenttasks_runs_lease_expired",
+            "Running runs whose heartbeat is older than LEASE_TIMEOUT.",
+            value=Run.objects.lease_expired(cutoff).count(),
+        )
+        yield from _counters(Counter.objects.values_list("name", "labels", "value"))
+
+
+def _counters(rows):
+    values: dict[str, list[tuple[dict, float]]] = defaultdict(list)
+    for name, labels, value in rows:
+        values[name].append((_parse(labels), value))
+    for name, help_text in COUNTERS.items():
+        label_names = sorted({key for labels, _ in values[name] for key in labels})
+        family = CounterMetricFamily(name.removesuffix("_total"), help_text, labels=label_names)
+        if name == "agenttasks_orphans_failed_total" and not values[name]:
+            family.add_metric([], 0)
+        for labels, value in values[name]:
+            family.add_metric([labels.get(key, "") for key in label_names], value)
+        yield family
+    yield _histogram(values)
+
+
+def _histogram(values) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(
+        DURATION, "How long runs executed, by agent and outcome.", labels=["agent", "outcome"]
+    )
+    buckets: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for labels, value in values[f"{DURATION}_bucket"]:
+        buckets[(labels["agent"], labels["outcome"])][labels["le"]] = value
+    sums = {(lb["agent"], lb["outcome"]): v for lb, v in values[f"{DURATION}_sum"]}
+    for key in sorted(set(buckets) | set(sums)):
+        running, cumulative = 0.0, []
+        for bound in BUCKET_LABELS:
+            running += buckets[key].get(bound, 0)
+            cumulative.append((bound, running))
+        family.add_metric(list(key), cumulative, sums.get(key, 0))
+    return family
+
+
+def exposition(accept: str = "") -> tuple[bytes, str]:
+    """Render every metric in the format the `Accept` header asks for; return it and its type."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type

@@ -1,0 +1,36 @@
+"""Operating records: the last reaper pass (for health checks) and durable metric counters."""
+
+from django.db import models
+
+
+class ReaperPass(models.Model):
+    """The last reaper pass any process made, and which node made it (one row)."""
+
+    name = models.CharField("name", primary_key=True, max_length=32)
+    node = models.CharField("node", max_length=200)
+    finished_at = models.DateTimeField("finished")
+
+    class Meta:
+        verbose_name = "reaper pass"
+        verbose_name_plural = "reaper passes"
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.node}"
+
+
+class Counter(models.Model):
+    """A monotonic counter shared by every process and node (`agenttasks.metrics`)."""
+
+    name = models.CharField("name", max_length=64)
+    labels = models.CharField("labels", max_length=200, blank=True)  # k=v,k=v, sorted by key
+    value = models.FloatField("value", default=0)
+
+    class Meta:
+        verbose_name = "counter"
+        verbose_name_plural = "counters"
+        constraints = [
+            models.UniqueConstraint(fields=["name", "labels"], name="agenttasks_counter_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}{{{self.labels}}}"
