@@ -6,7 +6,7 @@ A daily django-q2 schedule (`agenttasks retention`, installed by every worker as
 - every finished conversation tree older than RETENTION["finished_days"], whatever created it,
   with its events, runs, tasks, results, comments, wake-ups, actions and files (the bytes too);
 - files past their agent's `retentionDays`;
-- expired idempotency keys (when the app has an `IdempotencyKey` model);
+- expired idempotency keys;
 - django-q2's failure rows older than RETENTION["failures_days"].
 
 Every transaction deletes at most BATCH rows, so none holds its locks for long. A tree is marked
@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.apps import apps
 from django.db import connection, models, transaction
 from django.utils import timezone
 
@@ -31,6 +30,7 @@ from .models import (
     Conversation,
     Event,
     File,
+    IdempotencyKey,
     PendingAction,
     Run,
     Task,
@@ -46,7 +46,6 @@ BATCH = 1000  # rows per transaction, at most
 KNOWN = {Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult, Wakeup}
 ROOTS = 200  # trees looked at together
 SCHEDULE_NAME = "agenttasks retention"
-IDEMPOTENCY_MODEL = "IdempotencyKey"  # another part of the app may define it
 
 
 @dataclass
@@ -416,20 +415,11 @@ def _prune_expired_files(now: datetime, report: Report) -> None:
 
 
 def _prune_idempotency_keys(cutoff: datetime, report: Report) -> None:
-    """Delete expired idempotency keys, when this version of the app keeps them."""
-    try:
-        model = apps.get_model("agenttasks", IDEMPOTENCY_MODEL)
-    except LookupError:
-        return
-    names = {f.name for f in model._meta.get_fields()}
-    if "expires_at" in names:
-        queryset = model.objects.filter(expires_at__lt=timezone.now())
-    elif "created_at" in names:
-        queryset = model.objects.filter(created_at__lt=cutoff)
-    else:
-        logger.warning("retention.idempotency_keys_skipped (no expires_at or created_at field)")
-        return
-    _delete_rows(report, model, queryset, "idempotency keys")
+    """Delete idempotency keys past their IDEMPOTENCY_TTL or older than `idempotency_hours`."""
+    queryset = IdempotencyKey.objects.filter(
+        models.Q(expires_at__lt=timezone.now()) | models.Q(created_at__lt=cutoff)
+    )
+    _delete_rows(report, IdempotencyKey, queryset, "idempotency keys")
 
 
 def _prune_failures(cutoff: datetime, report: Report) -> None:

@@ -17,6 +17,7 @@ from agenttasks.models import (
     Conversation,
     Event,
     File,
+    IdempotencyKey,
     PendingAction,
     Run,
     Task,
@@ -225,6 +226,24 @@ def test_old_django_q2_failures_go(db):
     report = retention.prune()
     assert report.rows["django-q2 failures"] == 1
     assert list(QTask.objects.values_list("id", flat=True)) == ["f1"]
+
+
+def test_expired_and_old_idempotency_keys_go(user):
+    now = timezone.now()
+
+    def key(name: str, created: timedelta, expires: timedelta) -> None:
+        IdempotencyKey.objects.create(
+            principal=f"user:{user.pk}", owner=user, key=name, method="POST", path="/tasks",
+            request_hash="h", created_at=now - created, expires_at=now + expires,
+        )  # fmt: skip
+
+    key("expired", timedelta(hours=2), -timedelta(hours=1))
+    key("older than idempotency_hours", timedelta(hours=30), timedelta(hours=5))
+    key("fresh", timedelta(hours=1), timedelta(hours=23))
+    assert retention.prune(dry_run=True).rows["idempotency keys"] == 2
+    assert IdempotencyKey.objects.count() == 3
+    assert retention.prune().rows["idempotency keys"] == 2
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["fresh"]
 
 
 def test_retention_settings_fall_back_to_their_defaults(settings):
