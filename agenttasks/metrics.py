@@ -49,7 +49,12 @@ def _parse(labels: str) -> dict[str, str]:
 
 
 def increment(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> None:
-    """Add to durable counters: (name, labels, amount) each, in one statement; never raises."""
+    """Add to durable counters: (name, labels, amount) each, in one statement; never raises.
+
+    Only while METRICS_ENABLED: a site that does not scrape pays no statement per run.
+    """
+    if not app_settings.METRICS_ENABLED:
+        return
     values = [(name, _labels(labels), float(amount)) for name, labels, amount in rows if amount]
     if not values:
         return

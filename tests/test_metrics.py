@@ -11,7 +11,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from agenttasks import lifecycle, metrics, reaper, store, worker
-from agenttasks.models import Counter, Run
+from agenttasks.models import Counter, Run, Task
 from agenttasks.types import NewTask
 
 from .fake_model import answer, http, run_to_idle, task_for
@@ -108,7 +108,17 @@ def test_a_scrape_after_a_known_workload(client, user, recording_queue, receiver
         assert value(after, "agenttasks_tasks", status="failed") == 3
 
 
+@pytest.mark.django_db(transaction=True)
+def test_nothing_is_counted_while_metrics_are_off(user, recording_queue):
+    task = lifecycle.create(owner=user, agent_id="echo", input="x")
+    worker.execute_run(task.run_id)
+    metrics.count("agenttasks_callbacks_total", outcome="delivered")
+    assert Task.objects.get(pk=task.id).status == "completed"
+    assert not Counter.objects.exists()
+
+
 @pytest.mark.django_db
+@override_settings(AGENTTASKS={"METRICS_ENABLED": True})
 def test_counters_are_rows_every_process_shares(client):
     metrics.count("agenttasks_callbacks_total", outcome="delivered")
     metrics.increment([("agenttasks_callbacks_total", {"outcome": "delivered"}, 2)])
