@@ -6,14 +6,16 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db.models import Count
 from django.test.utils import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from agenttasks import lifecycle, metrics, reaper, store, worker
-from agenttasks.models import Counter, Run, Task
+from agenttasks.models import Counter, Run, Task, TaskCount
 from agenttasks.types import NewTask
 
+from .conftest import on_postgres, run_threads
 from .fake_model import answer, http, run_to_idle, task_for
 
 pytest_plugins = ["tests.fake_model"]  # the `model` and `agents` fixtures
@@ -149,3 +151,32 @@ def test_off_unless_enabled_and_guarded_by_its_token(client):
         assert client.get(URL, HTTP_AUTHORIZATION="Bearer nope").status_code == 401
         assert scrape(client, HTTP_AUTHORIZATION="Bearer m3")
         assert client.post(URL, HTTP_AUTHORIZATION="Bearer m3").status_code == 405
+
+
+def _direct_counts() -> dict[str, int]:
+    return {s: n for s, n in Task.objects.order_by().values_list("status").annotate(n=Count("pk"))}
+
+
+@pytest.mark.skipif(not on_postgres(), reason="the task counts are kept by PostgreSQL triggers")
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_task_counts_follow_every_write(user, recording_queue):
+    """Creates, claims, endings, cancels and deletes from 8 threads at once: the counts the
+    triggers keep equal a count of the table, and a status-neutral update writes none."""
+
+    def work(i: int) -> None:
+        for round_no in range(5):
+            task = lifecycle.create(owner=user, agent_id="echo", input=f"{i}/{round_no}")
+            if round_no % 3 == 0:
+                worker.execute_run(task.run_id)
+            elif round_no % 3 == 1:
+                lifecycle.stop(task.id)
+
+    results = run_threads(work, 8)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert metrics.tasks_by_status() == _direct_counts()
+    assert sum(_direct_counts().values()) == 40
+    before = list(TaskCount.objects.order_by("pk").values_list("status", "shard", "n"))
+    Task.objects.filter(status="pending").update(label="renamed")  # no status changes
+    assert list(TaskCount.objects.order_by("pk").values_list("status", "shard", "n")) == before
+    lifecycle.delete_conversation(Task.objects.filter(status="completed").first().conversation_id)
+    assert metrics.tasks_by_status() == _direct_counts()

@@ -15,7 +15,6 @@ import time
 
 from a2a.types import a2a_pb2 as pb
 from asgiref.sync import sync_to_async
-from django.http import StreamingHttpResponse
 from google.protobuf import json_format
 
 from ..api import slots
@@ -228,19 +227,3 @@ async def async_frames(follower: TaskFollower, frame, error_frame):
         yield error_frame(exc)
     finally:
         await sync_to_async(follower.release)()
-
-
-class FollowResponse(StreamingHttpResponse):
-    """An SSE response that gives its place back when the server closes it."""
-
-    def __init__(self, content, follower: TaskFollower):
-        super().__init__(content, content_type="text/event-stream")
-        self.follower = follower
-        self["Cache-Control"] = "no-cache"
-        self["X-Accel-Buffering"] = "no"
-
-    def close(self):
-        try:
-            self.follower.release()
-        finally:
-            super().close()

@@ -45,6 +45,7 @@ from ..api import body as api_body
 from ..api import errors as api_errors
 from ..api import slots
 from ..api.permissions import IdentityRequired
+from ..api.streams import StreamResponse
 from ..api.throttling import ScopeThrottle, throttles_for
 from ..api.views import FirstRenderer
 from ..conf import app_settings
@@ -217,7 +218,7 @@ class A2AView(APIView):
         client = None if asgi else slots.client_socket(self.request._request)
         follower = stream.TaskFollower(self.call, task_id, held=held, client_fd=client, sent=sent)
         driver = stream.async_frames if asgi else stream.sync_frames
-        return stream.FollowResponse(driver(follower, frame, error_frame), follower)
+        return StreamResponse(driver(follower, frame, error_frame), follower)
 
 
 def _grpc(status: int) -> str:

@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
@@ -303,11 +304,17 @@ async def async_stream(stream: EventStream):
         await sync_to_async(stream.release)()
 
 
+class Releasing(Protocol):
+    """What holds a stream's place (an EventStream here, a TaskFollower for A2A)."""
+
+    def release(self) -> None: ...
+
+
 class StreamResponse(StreamingHttpResponse):
-    """An events stream that gives its place back when the server closes it, even if it never
+    """An SSE response that gives its place back when the server closes it, even if it never
     started iterating (a generator that never ran has no `finally` to run)."""
 
-    def __init__(self, content, stream: EventStream):
+    def __init__(self, content, stream: Releasing):
         super().__init__(content, content_type="text/event-stream")
         self.stream = stream
         self["Cache-Control"] = "no-cache"

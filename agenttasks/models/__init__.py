@@ -5,7 +5,7 @@ from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
 from .idempotency import IdempotencyKey
-from .ops import Counter, ReaperPass
+from .ops import Counter, ReaperPass, TaskCount
 from .run import Run
 from .slot import Slot
 from .task import Comment, Task, TaskResult
@@ -26,6 +26,7 @@ __all__ = [
     "Run",
     "Slot",
     "Task",
+    "TaskCount",
     "TaskResult",
     "Wakeup",
 ]

@@ -1,4 +1,4 @@
-"""Operating records: the last reaper pass (for health checks) and durable metric counters."""
+"""Operating records: the last reaper pass (for health checks), durable metric counters and task counts."""
 
 from django.db import models
 
@@ -34,3 +34,25 @@ class Counter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}{{{self.labels}}}"
+
+
+class TaskCount(models.Model):
+    """Tasks by status, kept by database triggers on PostgreSQL (`agenttasks.metrics`).
+
+    Each connection adds to its own shard of a status, so concurrent writers do not queue on one
+    row; the count of a status is the sum of its shards.
+    """
+
+    status = models.CharField("status", max_length=32)
+    shard = models.SmallIntegerField("shard")
+    n = models.BigIntegerField("tasks", default=0)
+
+    class Meta:
+        verbose_name = "task count"
+        verbose_name_plural = "task counts"
+        constraints = [
+            models.UniqueConstraint(fields=["status", "shard"], name="agenttasks_taskcount_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.status}[{self.shard}] = {self.n}"
