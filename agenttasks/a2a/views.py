@@ -10,7 +10,6 @@ HTTP 429 on both bindings.
 
 import json
 import logging
-import math
 
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import A2A_JSON_MEDIA_TYPE, VERSION_HEADER
@@ -32,19 +31,17 @@ from a2a.utils.errors import (
 from a2a.utils.proto_utils import parse_params
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
-from django.utils.module_loading import import_string
 from django.views import View
 from google.protobuf import json_format
 from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
-from rest_framework.settings import api_settings
 from rest_framework.views import APIView, set_rollback
 
 from .. import registry
 from ..api import body as api_body
 from ..api import errors as api_errors
 from ..api import slots
-from ..api.permissions import IdentityRequired
+from ..api.permissions import IdentityRequired, authenticators
 from ..api.streams import StreamResponse
 from ..api.throttling import ScopeThrottle, throttles_for
 from ..api.views import FirstRenderer
@@ -93,28 +90,20 @@ class HttpRefusal(Exception):
         self.status, self.message, self.headers = status, message, headers or {}
 
 
+IDENTITY_AND_THROTTLE = (
+    exceptions.NotAuthenticated,
+    exceptions.AuthenticationFailed,
+    exceptions.Throttled,
+    exceptions.PermissionDenied,
+)
+
+
 def translate(exc) -> Exception:
     """DRF's, the API's and the lifecycle's refusals as an A2A error or an HTTP refusal."""
     if isinstance(exc, (A2AError, HttpRefusal)):
         return exc
-    if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
-        message = (
-            "Authentication required"
-            if isinstance(exc, exceptions.NotAuthenticated)
-            else str(exc.detail)
-        )
-        headers = {}
-        challenge = getattr(exc, "auth_header", None)
-        if challenge:
-            headers["WWW-Authenticate"] = challenge
-        return HttpRefusal(401, message, headers)
-    if isinstance(exc, exceptions.Throttled):
-        wait = max(1, math.ceil(getattr(exc, "wait", None) or 1))
-        return HttpRefusal(
-            429, f"Request was throttled; try again in {wait} seconds", {"Retry-After": str(wait)}
-        )
-    if isinstance(exc, exceptions.PermissionDenied):
-        return HttpRefusal(403, str(exc.detail))
+    if isinstance(exc, IDENTITY_AND_THROTTLE):
+        exc = api_errors.translate(exc, {})  # the REST API's 401, 403 and 429, as REST words them
     if isinstance(exc, api_errors.ApiError):
         if exc.status in (401, 403, 429):
             return HttpRefusal(exc.status, exc.message, exc.headers)
@@ -153,10 +142,7 @@ class A2AView(APIView):
     request_id = None
 
     def get_authenticators(self):
-        classes = app_settings.AUTHENTICATION_CLASSES
-        if classes is None:
-            classes = api_settings.DEFAULT_AUTHENTICATION_CLASSES
-        return [import_string(c)() if isinstance(c, str) else c() for c in classes]
+        return authenticators()
 
     def get_permissions(self):
         return [IdentityRequired()]

@@ -5,8 +5,10 @@ A request is served for a *principal*: the authenticated user, or the anonymous 
 resource is reachable only when its owner equals the principal; there is no staff bypass.
 """
 
+from django.utils.module_loading import import_string
 from rest_framework import exceptions
 from rest_framework.permissions import BasePermission
+from rest_framework.settings import api_settings
 
 from ..conf import app_settings
 from . import errors
@@ -42,3 +44,11 @@ def check_owner(request, resource_owner_id, what: str) -> None:
     """Refuse (403) a resource the principal does not own."""
     if resource_owner_id != owner_id(request):
         raise errors.forbidden(what)
+
+
+def authenticators() -> list:
+    """The site's authenticators (AUTHENTICATION_CLASSES, else DRF's defaults), for every view."""
+    classes = app_settings.AUTHENTICATION_CLASSES
+    if classes is None:
+        classes = api_settings.DEFAULT_AUTHENTICATION_CLASSES
+    return [import_string(c)() if isinstance(c, str) else c() for c in classes]

@@ -17,7 +17,6 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.db.models import Prefetch
 from django.http import FileResponse
-from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
@@ -25,7 +24,6 @@ from drf_spectacular.utils import extend_schema as spectacular_extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from .. import callbacks, files, lifecycle, registry
@@ -48,7 +46,7 @@ from .cursors import params as cursor_params
 from .idempotency import HEADER as IDEMPOTENCY_HEADER
 from .idempotency import REPLAYED, idempotent
 from .pagination import SQL_MAX, non_negative, page_params
-from .permissions import IdentityRequired, check_owner, owner_id, user_of
+from .permissions import IdentityRequired, authenticators, check_owner, owner_id, user_of
 from .throttling import throttles_for
 
 DELEGATE = TaskKind.DELEGATE
@@ -153,10 +151,7 @@ class ApiView(APIView):
     http_method_names = ["get", "post", "patch", "delete", "head"]
 
     def get_authenticators(self):
-        classes = app_settings.AUTHENTICATION_CLASSES
-        if classes is None:
-            classes = api_settings.DEFAULT_AUTHENTICATION_CLASSES
-        return [import_string(c)() if isinstance(c, str) else c() for c in classes]
+        return authenticators()
 
     def get_permissions(self):
         return [IdentityRequired()]
