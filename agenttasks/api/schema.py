@@ -19,6 +19,7 @@ from django.http import FileResponse, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import escape
 from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.plumbing import get_lib_doc_excludes
 from drf_spectacular.settings import patched_settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
@@ -30,6 +31,8 @@ from ..conf import app_settings
 from . import errors
 from .permissions import user_of
 from .serializers import AgentSerializer
+from .serializers.requests import Body
+from .serializers.shapes import Shape, TaskValues
 from .views import ApiView, extend_schema
 
 SETTINGS = {
@@ -41,12 +44,20 @@ SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": False,
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
     "DISABLE_ERRORS_AND_WARNINGS": False,
+    # The shapes' base classes explain the Python side; their docstrings stay out of the document.
+    "GET_LIB_DOC_EXCLUDES": "agenttasks.api.schema.doc_excludes",
     "ENUM_NAME_OVERRIDES": {
         "TaskStatusEnum": "agenttasks.api.serializers.TASK_STATUSES",
         "ActionStatusEnum": "agenttasks.api.serializers.ACTION_STATUSES",
         "RunStatusEnum": "agenttasks.api.serializers.RUN_STATUSES",
     },
 }
+
+
+def doc_excludes() -> list[type]:
+    """Classes whose docstrings never describe a schema: drf-spectacular's and our base classes."""
+    return [*get_lib_doc_excludes(), Body, Shape, TaskValues]
+
 
 ASSETS = {
     "swagger-ui.css": "text/css",

@@ -399,7 +399,7 @@ class TaskStatusView(ApiView):
     def get(self, request, taskId):
         task = self.task(taskId, queryset=Task.objects.select_related("run", "task_result"))
         result = getattr(task, "task_result", None)
-        return Response(s.TaskStatusSerializer.present(task, result))
+        return Response(s.TaskStatusSerializer.present(task, result=result))
 
 
 class TaskWaitView(ApiView):
@@ -447,10 +447,7 @@ class TaskWaitView(ApiView):
         result = None
         if include or (not task.summary and task.status == TaskStatus.WAITING_FOR_INPUT):
             result = TaskResult.objects.filter(task_id=task.id).first()
-        out = s.TaskStatusSerializer.present(task, result)
-        if include and result is not None:
-            out["result"] = s.TaskResultSerializer.present(result)
-        return Response(out)
+        return Response(s.TaskWaitSerializer.present(task, result=result, include=bool(include)))
 
 
 def seconds(raw: str | None, default: float = 30.0) -> float:

@@ -1,0 +1,90 @@
+"""Checks of request values, each raising the refusal docs/rest.md gives (`errors.ApiError`).
+
+The request bodies (`requests.py`) apply them field by field; the A2A server applies the same
+checks to what its messages carry.
+"""
+
+import json
+
+from ... import files
+from ...answers import unstorable
+from ...conf import app_settings
+from ...models import RESERVED_METADATA
+from .. import errors
+
+
+def storable(value, path: str) -> None:
+    """Refuse text the database cannot store, rather than failing with a 500 later."""
+    bad = unstorable(value, path)
+    if bad:
+        raise errors.validation(
+            f"{bad} must not contain NUL characters or unpaired surrogates", bad
+        )
+
+
+def blank(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def metadata(value, path: str = "metadata") -> dict:
+    """A JSON object within MAX_METADATA_BYTES, measured as compact UTF-8 JSON."""
+    if not isinstance(value, dict):
+        raise errors.validation(f"{path} must be a JSON object", path)
+    storable(value, path)
+    limit = int(app_settings.MAX_METADATA_BYTES)
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > limit:
+        raise errors.validation(f"{path} must be at most {limit} bytes", path)
+    return value
+
+
+def reserved_free(value: dict) -> None:
+    """Refuse client metadata that names the server's own keys."""
+    offending = [f"metadata.{k}" for k in RESERVED_METADATA if k in value]
+    if offending:
+        raise errors.validation("metadata.source and metadata.taskId are reserved", *offending)
+
+
+def text(value, name: str, *, required_message: str, code: str = "VALIDATION_ERROR") -> str:
+    """A required non-blank string of at most MAX_INPUT_CHARS characters."""
+    if not isinstance(value, str) or not value.strip():
+        if code == "VALIDATION_ERROR":
+            raise errors.validation(required_message, name)
+        raise errors.ApiError(400, code, required_message)
+    limit = int(app_settings.MAX_INPUT_CHARS)
+    if len(value) > limit:
+        raise errors.validation(f"{name} must be at most {limit} characters", name)
+    storable(value, name)
+    return value
+
+
+def uploads(value) -> list[files.Upload]:
+    """Check FileInput entries (the structure of docs/rest.md#files) and decode them."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise errors.validation("files must be a list", "files")
+    out = []
+    for i, item in enumerate(value):
+        at = f"files[{i}]"
+        if not isinstance(item, dict):
+            raise errors.validation(f"{at} must be an object", at)
+        raw_name = item.get("name")
+        name = files.clean_name(raw_name) if isinstance(raw_name, str) else ""
+        if not name:
+            raise errors.validation(f"{at}.name is required", f"{at}.name")
+        if len(name) > files.MAX_NAME:
+            raise errors.validation(
+                f"{at}.name must be at most {files.MAX_NAME} characters", f"{at}.name"
+            )
+        storable(name, f"{at}.name")
+        raw_type = item.get("mimeType")
+        mime_type = files.clean_mime_type(raw_type) if isinstance(raw_type, str) else None
+        if mime_type is None:
+            raise errors.validation(f"{at}.mimeType must look like type/subtype", f"{at}.mimeType")
+        content = item.get("content")
+        data = files.decode(content) if isinstance(content, str) else None
+        if data is None:
+            raise errors.validation(f"{at}.content is not valid base64", f"{at}.content")
+        out.append(files.Upload(index=i, name=name, mime_type=mime_type, content=data))
+    return out
