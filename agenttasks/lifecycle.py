@@ -70,6 +70,7 @@ __all__ = [
     "StopOutcome",
     "TaskInfo",
     "TaskMeta",
+    "cancel",
     "comment",
     "create",
     "delete_conversation",
@@ -502,6 +503,24 @@ def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
             _stop_children(won)
             return info(_read(task_id))
     return info(_read(task_id))
+
+
+def cancel(task_id: str, *, graceful: bool = False) -> Task:
+    """Cancel a task for a client; return it as the stop left it (graceful: still winding down).
+
+    Cancelling a cancelled task changes nothing; a task that completed or failed, before or
+    during the stop, refuses with AlreadyFinal.
+    """
+    task = _read(task_id)
+    if task.status in LIVE:
+        try:
+            stop(task.id, graceful=graceful)
+        except AlreadyFinal:
+            pass  # it ended meanwhile: judged below as it is now
+        task = Task.objects.select_related("run").get(pk=task.id)
+    if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+        raise AlreadyFinal(task.status, task_id=task.id, info=info(task))
+    return task
 
 
 def _settle(task: Task) -> None:

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from agenttasks import lifecycle, registry
+from agenttasks import lifecycle, registry, store
 from agenttasks.answers import AnswerError
-from agenttasks.exceptions import ActionNotFound
+from agenttasks.exceptions import ActionNotFound, AlreadyFinal
 from agenttasks.models import PendingAction
 from agenttasks.runtime.task_tools import task_tools
 from agenttasks.types import ActionRequest, TaskInfo
@@ -90,6 +90,32 @@ def test_task_info_names_the_agent(parent, parent_run, named_worker):
     assert lifecycle.list_tasks(parent)[0].agent == "Worker Bee"
     registry.unregister("worker")
     assert lifecycle.status(t.task_id).agent == "worker"  # no longer registered: its id
+
+
+def test_cancel_stops_a_live_task_and_returns_it(parent, parent_run):
+    t = spawn(parent, parent_run)
+    task = lifecycle.cancel(t.task_id)
+    assert task.status == "cancelled" and row(t).status == "cancelled"
+    # Cancelling a cancelled task changes nothing.
+    assert lifecycle.cancel(t.task_id).status == "cancelled"
+
+
+def test_cancel_of_a_running_task_may_wind_down_after_its_turn(parent, parent_run):
+    t = spawn(parent, parent_run)
+    claimed = row(t)
+    assert store.claim(claimed.run_id, "worker-1")
+    task = lifecycle.cancel(t.task_id, graceful=True)
+    assert (task.status, task.run.stop_request) == ("running", "after_turn")
+
+
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_cancel_refuses_a_task_that_ended(parent, parent_run, status):
+    t = spawn(parent, parent_run)
+    finish(t, status, text="done", error="boom")
+    with pytest.raises(AlreadyFinal) as refused:
+        lifecycle.cancel(t.task_id)
+    assert (refused.value.status, refused.value.task_id) == (status, t.task_id)
+    assert row(t).status == status
 
 
 def test_resolve_action_takes_the_rest_approval_body(parent, parent_run, user):

@@ -33,7 +33,7 @@ from ..api.permissions import owner_id, user_of
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import A2AContext, A2APushConfig, Conversation, PendingAction, Task
-from ..states import LIVE, TERMINAL, TaskStatus
+from ..states import TERMINAL, TaskStatus
 from . import mapping, push
 
 logger = logging.getLogger(__name__)
@@ -378,17 +378,13 @@ def cancel_task(call: Call, req: pb.CancelTaskRequest) -> pb.Task:
     task = find_task(call, req.id)
     if task.status in TERMINAL:
         raise TaskNotCancelableError(f"Task {task.id} is already {task.status}")
-    if task.status in LIVE:
-        try:
-            lifecycle.stop(task.id)
-        except AlreadyFinal:
-            pass
-        except TaskNotFound:
-            raise TaskNotFoundError(f"Task not found: {req.id}") from None
-    task = reload(task.id)
-    if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
-        raise TaskNotCancelableError(f"Task {task.id} is already {task.status}")
-    return call.present(task)
+    try:
+        lifecycle.cancel(task.id)
+    except AlreadyFinal as exc:
+        raise TaskNotCancelableError(f"Task {task.id} is already {exc.status}") from None
+    except TaskNotFound:
+        raise TaskNotFoundError(f"Task not found: {req.id}") from None
+    return call.present(reload(task.id))
 
 
 # --- push notification configs ---------------------------------------------------------------

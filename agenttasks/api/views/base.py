@@ -1,0 +1,192 @@
+"""What every REST view shares: the app's own policies, lookups (404 first, then 403), and the
+OpenAPI helpers of the views' schemas."""
+
+from django.db.models import Prefetch
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from drf_spectacular.utils import extend_schema as spectacular_extend_schema
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
+from rest_framework.views import APIView
+
+from ... import files, registry
+from ...models import Conversation, File, Task
+from .. import body, errors
+from .. import serializers as s
+from ..idempotency import HEADER as IDEMPOTENCY_HEADER
+from ..idempotency import REPLAYED
+from ..permissions import IdentityRequired, authenticators, check_owner, user_of
+from ..throttling import throttles_for
+
+
+class FirstRenderer(BaseContentNegotiation):
+    """No content negotiation: the app always answers JSON, so never a 406."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+def extend_schema(**kwargs):
+    """drf-spectacular's extend_schema on its own AutoSchema, whatever DEFAULT_SCHEMA_CLASS is."""
+
+    kwargs.setdefault("description", kwargs.get("summary", ""))
+
+    def decorate(method):
+        method.schema = AutoSchema  # the base class extend_schema builds the operation's on
+        return spectacular_extend_schema(**kwargs)(method)
+
+    return decorate
+
+
+def refusals(*statuses: int) -> dict:
+    """The error answers of an operation's schema: its own statuses, and 401, 429 and 500."""
+    described = {
+        400: "Invalid request",
+        401: "No resolved user (identity_required)",
+        403: "Not the owner",
+        404: "Not found",
+        405: "Method not allowed",
+        409: "State conflict",
+        415: "Unsupported media type",
+        422: "Idempotency-Key reused with another request (idempotency_key_reused)",
+        429: "Throttled (rate_limited)",
+        500: "Server fault (INTERNAL_ERROR)",
+    }
+    return {
+        code: OpenApiResponse(s.ErrorSerializer, description=described[code])
+        for code in (*statuses, 401, 429, 500)
+    }
+
+
+def query_param(name: str, description: str, type=OpenApiTypes.STR) -> OpenApiParameter:
+    """A query parameter of an operation's schema."""
+    return OpenApiParameter(name, type, OpenApiParameter.QUERY, description=description)
+
+
+def _response_header(name: str, description: str, codes: list[int]) -> OpenApiParameter:
+    return OpenApiParameter(
+        name, OpenApiTypes.STR, OpenApiParameter.HEADER, description=description, response=codes
+    )
+
+
+LOCATION = _response_header("Location", "The full path of the new resource.", [201])
+
+
+def keyed(*success: int) -> list[OpenApiParameter]:
+    """The Idempotency-Key request header, and the replay marker on the success answers."""
+    return [
+        OpenApiParameter(
+            IDEMPOTENCY_HEADER,
+            OpenApiTypes.STR,
+            OpenApiParameter.HEADER,
+            description="1-255 printable ASCII characters; a repeat replays the first answer.",
+        ),
+        _response_header(REPLAYED, "true when this answer is a replay.", list(success)),
+    ]
+
+
+PAGE_PARAMETERS = [
+    query_param("limit", "Page size (clamped to the maximum).", OpenApiTypes.INT),
+    query_param("offset", "Items to skip (not with cursor).", OpenApiTypes.INT),
+    query_param("cursor", "The nextCursor of the previous page (not with offset)."),
+]
+
+
+class ApiView(APIView):
+    """The app's own policies, whatever the host's REST_FRAMEWORK defaults say."""
+
+    anonymous_list = False
+    parser_classes = [body.Unread]  # bodies are read by api.body, before any view logic
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = FirstRenderer
+    metadata_class = None
+    schema = AutoSchema()
+    http_method_names = ["get", "post", "patch", "delete", "head"]
+
+    def get_authenticators(self):
+        return authenticators()
+
+    def get_permissions(self):
+        return [IdentityRequired()]
+
+    def get_throttles(self):
+        return throttles_for(self.request)
+
+    def get_exception_handler(self):
+        return errors.handle
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        self.body = None
+        method = request.method.lower()
+        if method in ("post", "patch", "put", "delete") and hasattr(self, method):
+            self.body = body.parse(request)
+
+    # --- lookups: 404 first, then 403 --------------------------------------------------------
+
+    def task(self, task_id: str, *, queryset=None) -> Task:
+        """The task named in the path, if it exists and the principal owns it."""
+        if not plain_id(task_id):
+            raise errors.not_found(f"Task not found: {task_id}")
+        rows = queryset if queryset is not None else task_rows()
+        task = rows.filter(pk=task_id, conversation__deleting_at__isnull=True).first()
+        if task is None:
+            raise errors.not_found(f"Task not found: {task_id}")
+        check_owner(self.request, task.owner_id, "task")
+        return task
+
+    def conversation(self, conversation_id: str, *, deleting: bool = False) -> Conversation:
+        """The conversation named in the path, if the principal owns it (`deleting`: also one
+        whose delete has begun)."""
+        if not plain_id(conversation_id):
+            raise errors.not_found(f"Conversation not found: {conversation_id}")
+        rows = Conversation.objects.all() if deleting else Conversation.objects.visible()
+        conversation = rows.filter(pk=conversation_id).first()
+        if conversation is None:
+            raise errors.not_found(f"Conversation not found: {conversation_id}")
+        check_owner(self.request, conversation.owner_id, "conversation")
+        return conversation
+
+    def principal(self):
+        return user_of(self.request)
+
+    def location(self, *parts: str) -> str:
+        """The full path of a resource created under this request's path."""
+        return "/".join([self.request.path.rstrip("/"), *parts])
+
+
+def plain_id(value: str) -> bool:
+    """Whether an id can be looked up at all (a NUL is simply not found, never a 500)."""
+    return "\x00" not in value
+
+
+def task_rows():
+    """Tasks with what their REST shape reads: the current run and the files, in order."""
+    return Task.objects.select_related("run").prefetch_related(
+        Prefetch("files", queryset=File.objects.order_by("created_at", "id"))
+    )
+
+
+def exposed_agent(agent_id: str):
+    """The registered agent exposed over REST, or 404."""
+    try:
+        agent = registry.get(agent_id)
+    except registry.UnknownAgent:
+        agent = None
+    if agent is None or not agent.expose:
+        raise errors.not_found(f"Agent not found: {agent_id}")
+    return agent
+
+
+def check_files(agent, uploads, existing: int = 0) -> dict:
+    """Refuse uploads the agent's file policy does not allow; return the policy."""
+    rules = files.policy(agent)
+    try:
+        files.check(agent.id, rules, uploads, existing)
+    except files.FileRefused as exc:
+        raise errors.ApiError(exc.status, exc.code, exc.message, exc.details) from None
+    return rules
