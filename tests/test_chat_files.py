@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from agenttasks import files, lifecycle, registry
+from agenttasks import files, lifecycle
 from agenttasks.models import File
 from agenttasks.runtime.content import FILE_TEXT_CHARS
 
@@ -21,21 +21,8 @@ PNG = b"\x89PNG\r\n\x1a\nfake image bytes"
 
 
 def create_with_files(user, agent: str, text: str, uploads: list[files.Upload]):
-    """lifecycle.create with stored files, as POST /tasks does."""
-    rules = files.policy(registry.get(agent))
-
-    def keep(task):
-        files.save(
-            uploads, conversation_id=task.conversation_id, owner=user, rules=rules, task_id=task.id
-        )
-
-    return lifecycle.create(
-        owner=user,
-        agent_id=agent,
-        input=text,
-        files=[u.ref() for u in uploads],
-        before_commit=keep,
-    )
+    """lifecycle.create with files, as POST /tasks does."""
+    return lifecycle.create(owner=user, agent_id=agent, input=text, uploads=uploads)
 
 
 def upload(index: int, name: str, mime_type: str, content: bytes) -> files.Upload:

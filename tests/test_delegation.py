@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from agenttasks import lifecycle, registry, store, wakeups, worker
+from agenttasks.conf import app_settings
 from agenttasks.exceptions import ActionPending, ConversationBusy, NotRetryable, TaskBusy
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime import delegation
@@ -468,7 +469,7 @@ def test_s14_recursion_stops_at_the_depth_limit(model, agents, user, recording_q
     assert grandchild.conversation.parent_id == child.conversation_id
     refused = tool_results(grandchild.conversation_id)["t1"]
     assert (refused["content"], refused["isError"]) == ("maxDepth 3 exceeded", True)
-    assert lifecycle.app_settings.MAX_DEPTH == 1  # spawn_task's limit played no part
+    assert app_settings.MAX_DEPTH == 1  # spawn_task's limit played no part
 
 
 def test_s14_with_a_depth_limit_of_one(model, agents, user, recording_queue):

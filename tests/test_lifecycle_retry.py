@@ -268,7 +268,7 @@ def test_7_2_10_the_debt_of_a_failed_retry_follows_the_caller(h):
 def test_7_2_11_a_retry_launch_failure_wakes_waiters(h, monkeypatch):
     # [concurrent] the waiter is a thread on its own connection. Its poll interval is stretched
     # past the 1 s bound, so only a wake-up (not a poll) can return it in time.
-    monkeypatch.setattr(lifecycle, "STATUS_POLL", 5.0)
+    monkeypatch.setattr(lifecycle.reading, "STATUS_POLL", 5.0)
     t = h.spawn()
     h.fail(t, "flaky")
     waiting = threading.Event()

@@ -6,14 +6,15 @@ the REST answer body and refuses anything else with a ValueError. The model tool
 words (`working`, `input_required`).
 """
 
+import os
 import time
 
 import pytest
 
-from agenttasks import lifecycle, registry, store
+from agenttasks import files, lifecycle, registry, store
 from agenttasks.answers import AnswerError
 from agenttasks.exceptions import ActionNotFound, AlreadyFinal
-from agenttasks.models import PendingAction
+from agenttasks.models import Comment, Event, File, PendingAction, Task
 from agenttasks.runtime.task_tools import task_tools
 from agenttasks.types import ActionRequest, TaskInfo
 
@@ -185,3 +186,102 @@ def test_resolve_action_refuses_anything_else_on_a_question(parent, parent_run, 
 def test_resolve_action_on_an_unknown_action(db):
     with pytest.raises(ActionNotFound):
         lifecycle.resolve_action("act_nope", {"approved": True})
+
+
+# --- files from site code -------------------------------------------------------------------
+
+TEXT_ONLY = {"enabled": True, "allowedTypes": ["text/*"], "maxSize": 64, "maxCount": 2}
+
+
+@pytest.fixture
+def filed_agent():
+    """An agent whose file policy takes at most two small text files per conversation."""
+    registry.register(
+        "filed", runtime="callable", handler=lambda ctx: None, files=TEXT_ONLY, replace=True
+    )
+    yield "filed"
+    registry.unregister("filed")
+
+
+def text_file(index: int, content: bytes = b"hello", mime_type: str = "text/plain"):
+    return files.Upload(
+        index=index, name=f"notes-{index}.txt", mime_type=mime_type, content=content
+    )
+
+
+def stored_names() -> set[str]:
+    root = files.storage().path("")
+    return {os.path.join(d, f) for d, _, names in os.walk(root) for f in names}
+
+
+def test_create_stores_uploads_as_the_tasks_files(user, filed_agent):
+    task = lifecycle.create(owner=user, agent_id=filed_agent, input="read", uploads=[text_file(0)])
+    (stored,) = File.objects.filter(task_id=task.id)
+    assert (stored.name, stored.conversation_id, stored.owner_id, stored.size) == (
+        "notes-0.txt",
+        task.conversation_id,
+        user.id,
+        5,
+    )
+    with files.open_bytes(stored) as handle:
+        assert handle.read() == b"hello"
+    first = Event.objects.get(conversation_id=task.conversation_id, type="message.user")
+    assert first.data["files"] == [stored.ref()]
+
+
+@pytest.mark.parametrize(
+    "upload, code",
+    [
+        (text_file(0, mime_type="image/png"), "unsupported_media_type"),
+        (text_file(0, content=b"x" * 65), "file_too_large"),
+    ],
+)
+def test_create_refuses_what_the_file_policy_refuses_and_writes_nothing(
+    user, filed_agent, upload, code
+):
+    before = stored_names()
+    with pytest.raises(files.FileRefused) as refused:
+        lifecycle.create(owner=user, agent_id=filed_agent, input="read", uploads=[upload])
+    assert refused.value.code == code
+    assert not Task.objects.exists() and not File.objects.exists()
+    assert stored_names() == before
+
+
+def test_a_create_that_fails_removes_the_bytes_it_stored(user, filed_agent):
+    before = stored_names()
+
+    def refuse(task):
+        raise RuntimeError("the site's own check failed")
+
+    with pytest.raises(RuntimeError):
+        lifecycle.create(
+            owner=user,
+            agent_id=filed_agent,
+            input="read",
+            uploads=[text_file(0)],
+            before_commit=refuse,
+        )
+    assert not Task.objects.exists() and not File.objects.exists()
+    assert stored_names() == before
+
+
+def test_a_message_to_a_tasks_conversation_reopens_it_with_its_files(user, filed_agent):
+    task = lifecycle.create(owner=user, agent_id=filed_agent, input="read")
+    finish(task, "completed", text="done")
+    run, event = lifecycle.post_message(
+        task.conversation_id, "and this", author=user, uploads=[text_file(0)]
+    )
+    reopened = row(task)
+    assert (reopened.status, reopened.run_id, run.trigger) == ("pending", run.id, "message")
+    (stored,) = File.objects.filter(conversation_id=task.conversation_id)
+    assert (event.data["origin"], event.data["files"]) == ("message", [stored.ref()])
+    assert Comment.objects.get(task_id=task.id).content == "and this"
+
+
+def test_a_message_counts_the_files_its_conversation_already_has(user, filed_agent):
+    conversation = lifecycle.create_conversation(owner=user, agent_id=filed_agent)
+    lifecycle.post_message(conversation.id, "two files", uploads=[text_file(0), text_file(1)])
+    with pytest.raises(files.FileRefused) as refused:
+        lifecycle.post_message(conversation.id, "a third", uploads=[text_file(2)])
+    assert refused.value.code == "too_many_files"
+    assert File.objects.filter(conversation_id=conversation.id).count() == 2

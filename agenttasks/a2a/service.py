@@ -189,52 +189,38 @@ def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, T
     except api_errors.ApiError as exc:
         raise invalid(exc) from None
     agent = call.agent
-    rules = files.policy(agent)
-    try:
-        files.check(agent.id, rules, incoming.uploads)
-    except files.FileRefused as exc:
-        if exc.code in ("unsupported_media_type", "attachments_disabled"):
-            raise ContentTypeNotSupportedError(exc.message) from None
-        raise InvalidParamsError(exc.message) from None
     metadata = _metadata(req)
     push_config = _push_config(req)
     context_id = req.message.context_id
     if len(context_id) > 200 or "\x00" in context_id:
         raise InvalidParamsError("contextId must be at most 200 characters, without NUL")
-    owner = call.user
 
     def before_commit(task):
         A2AContext.objects.create(task=task, context_id=context_id or task.conversation_id)
         if push_config is not None:
             push.store_config(task, push_config)
-        if incoming.uploads:
-            files.save(
-                incoming.uploads,
-                conversation_id=task.conversation_id,
-                owner=owner,
-                rules=rules,
-                task_id=task.id,
-                written=written,
-            )
 
-    with files.kept_only_on_success() as written:
-        try:
-            task = lifecycle.create(
-                owner=owner,
-                agent_id=agent.id,
-                input=text,
-                metadata=metadata,
-                files=[u.ref() for u in incoming.uploads],
-                before_commit=before_commit,
-            )
-        except TaskError as exc:
-            if exc.status_code >= 500:
-                raise
-            reason = exc.api_message() if hasattr(exc, "api_message") else str(exc)
-            context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
-            return mapping.rejected(reason, context, req.message), None
-        except callbacks.CallbackURLError as exc:
-            raise InvalidParamsError(str(exc)) from None
+    try:
+        task = lifecycle.create(
+            owner=call.user,
+            agent_id=agent.id,
+            input=text,
+            metadata=metadata,
+            uploads=incoming.uploads,
+            before_commit=before_commit,
+        )
+    except files.FileRefused as exc:
+        if exc.code in ("unsupported_media_type", "attachments_disabled"):
+            raise ContentTypeNotSupportedError(exc.message) from None
+        raise InvalidParamsError(exc.message) from None
+    except TaskError as exc:
+        if exc.status_code >= 500:
+            raise
+        reason = exc.api_message() if hasattr(exc, "api_message") else str(exc)
+        context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
+        return mapping.rejected(reason, context, req.message), None
+    except callbacks.CallbackURLError as exc:
+        raise InvalidParamsError(str(exc)) from None
     return call.present(reload(task.id)), task
 
 

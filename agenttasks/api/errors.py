@@ -17,6 +17,7 @@ from rest_framework.views import set_rollback
 
 from ..conf import app_settings
 from ..exceptions import TaskError
+from ..files import FileRefused
 
 logger = logging.getLogger("agenttasks.api")
 
@@ -95,6 +96,8 @@ def translate(exc, context) -> ApiError | None:
     if isinstance(exc, TaskError) and exc.status_code < 500:
         # A refusal of the lifecycle carries its own status, code, message and details.
         return ApiError(exc.status_code, exc.code, exc.api_message(), exc.api_details())
+    if isinstance(exc, FileRefused):
+        return ApiError(exc.status, exc.code, exc.message, exc.details)
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         # Always 401 (DRF would answer 403 when the first authenticator sends no challenge).
         message = (

@@ -13,7 +13,7 @@ from .. import lifecycle
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import Task
-from ..states import TERMINAL, model_status
+from ..states import TERMINAL, TaskKind, model_status
 from ..tools import ToolResult, ToolSpec
 from ..types import TaskInfo
 
@@ -177,7 +177,7 @@ class _Session:
             raise TaskError("task tools: no session in the run context")
         task = (
             Task.objects.filter(pk=task_id, parent_conversation_id=self.conversation_id)
-            .exclude(kind=lifecycle.DELEGATE)
+            .exclude(kind=TaskKind.DELEGATE)
             .first()
         )
         if task is None:

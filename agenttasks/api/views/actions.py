@@ -3,11 +3,7 @@
 from rest_framework.response import Response
 
 from ... import lifecycle
-from ...exceptions import (
-    ActionNotFound,
-    RunNotFound,
-    TaskNotFound,
-)
+from ...exceptions import ActionNotFound, RunNotFound, TaskNotFound
 from ...models import PendingAction
 from ...runtime import delegation
 from ...states import ActionStatus

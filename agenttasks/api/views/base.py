@@ -10,7 +10,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from ... import files, registry
+from ... import registry
 from ...models import Conversation, File, Task
 from .. import body, errors
 from .. import serializers as s
@@ -180,13 +180,3 @@ def exposed_agent(agent_id: str):
     if agent is None or not agent.expose:
         raise errors.not_found(f"Agent not found: {agent_id}")
     return agent
-
-
-def check_files(agent, uploads, existing: int = 0) -> dict:
-    """Refuse uploads the agent's file policy does not allow; return the policy."""
-    rules = files.policy(agent)
-    try:
-        files.check(agent.id, rules, uploads, existing)
-    except files.FileRefused as exc:
-        raise errors.ApiError(exc.status, exc.code, exc.message, exc.details) from None
-    return rules

@@ -1,14 +1,13 @@
 """The conversation endpoints (docs/rest.md#conversations): list, create, read, update, delete,
 and their messages."""
 
-from django.db import transaction
 from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework.response import Response
 
-from ... import files, lifecycle
+from ... import lifecycle
 from ...exceptions import ConversationNotFound
-from ...models import Conversation, Event, File, Run, Task
+from ...models import Conversation, Event, Run
 from ...states import RUN_ACTIVE
 from .. import errors
 from .. import serializers as s
@@ -21,7 +20,6 @@ from .base import (
     LOCATION,
     PAGE_PARAMETERS,
     ApiView,
-    check_files,
     exposed_agent,
     extend_schema,
     keyed,
@@ -180,44 +178,17 @@ class MessagesView(ApiView):
     def post(self, request, conversationId):
         conversation = self.conversation(conversationId)
         data = s.MessageCreateSerializer.validated(self.body)
-        agent = exposed_agent(conversation.agent)
-        uploads = data["uploads"]
-        existing = File.objects.filter(conversation_id=conversation.id).count() if uploads else 0
-        rules = check_files(agent, uploads, existing)
-        own_task = Task.objects.filter(conversation_id=conversation.id).first()
-        owner = conversation.owner
-        refs = [u.ref() for u in uploads] or None
-        with files.kept_only_on_success() as written, transaction.atomic():
-            if own_task is None:
-                try:
-                    run, event = lifecycle.post_message(
-                        conversation.id, data["message"], metadata=data["metadata"], files=refs
-                    )
-                except ConversationNotFound:
-                    raise errors.not_found(f"Conversation not found: {conversationId}") from None
-            else:
-                comment = lifecycle.comment(
-                    own_task.id,
-                    data["message"],
-                    author=self.principal(),
-                    metadata=data["metadata"],
-                    origin="message",
-                    files=refs,
-                )
-                run = Run.objects.get(pk=comment.run_id)
-                event = Event.objects.get(
-                    conversation_id=conversation.id,
-                    type="message.user",
-                    data__commentId=comment.id,
-                )
-            if uploads:
-                files.save(
-                    uploads,
-                    conversation_id=conversation.id,
-                    owner=owner,
-                    rules=rules,
-                    written=written,
-                )
+        exposed_agent(conversation.agent)
+        try:
+            run, event = lifecycle.post_message(
+                conversation.id,
+                data["message"],
+                author=self.principal(),
+                metadata=data["metadata"],
+                uploads=data["uploads"],
+            )
+        except ConversationNotFound:
+            raise errors.not_found(f"Conversation not found: {conversationId}") from None
         return Response(
             {"message": s.MessageSerializer.present(event), "run": s.RunSerializer.present(run)},
             status=202,

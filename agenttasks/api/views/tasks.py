@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from rest_framework.response import Response
 
-from ... import callbacks, files, lifecycle
+from ... import callbacks, lifecycle
 from ...conf import app_settings
 from ...exceptions import TaskNotFound
 from ...models import Comment, Conversation, Run, Task, TaskResult
@@ -24,7 +24,6 @@ from .base import (
     LOCATION,
     PAGE_PARAMETERS,
     ApiView,
-    check_files,
     exposed_agent,
     extend_schema,
     keyed,
@@ -117,53 +116,24 @@ class TaskListView(ApiView):
     def post(self, request):
         data = s.TaskCreateSerializer.validated(self.body)
         agent = exposed_agent(data["agent_id"])
-        uploads = data["uploads"]
-        rules = check_files(agent, uploads)
-        if data["callback_url"]:
-            _check_callback_address(data["callback_url"])
-        owner = self.principal()
-
-        stored = []
-
-        def keep_files(task):
-            stored.extend(
-                files.save(
-                    uploads,
-                    conversation_id=task.conversation_id,
-                    owner=owner,
-                    rules=rules,
-                    task_id=task.id,
-                    written=written,
-                )
+        try:
+            task = lifecycle.create(
+                owner=self.principal(),
+                agent_id=agent.id,
+                input=data["input"],
+                label=data["label"],
+                callback_url=data["callback_url"] or None,
+                metadata=data["metadata"],
+                uploads=data["uploads"],
             )
-
-        with files.kept_only_on_success() as written:
-            try:
-                task = lifecycle.create(
-                    owner=owner,
-                    agent_id=agent.id,
-                    input=data["input"],
-                    label=data["label"],
-                    callback_url=data["callback_url"] or None,
-                    metadata=data["metadata"],
-                    files=[u.ref() for u in uploads],
-                    before_commit=keep_files if uploads else None,
-                )
-            except callbacks.CallbackURLError as exc:
-                raise errors.validation(str(exc), "callbackUrl") from None
+        except callbacks.CallbackURLError as exc:
+            raise errors.validation(str(exc), "callbackUrl") from None
         # The answer is built from what was written: no worker has moved it in our copy.
         return Response(
-            {"task": s.TaskSerializer.present(task, files=stored)},
+            {"task": s.TaskSerializer.present(task, files=data["uploads"])},
             status=201,
             headers={"Location": self.location(task.id)},
         )
-
-
-def _check_callback_address(url: str) -> None:
-    try:
-        callbacks.check_address(url)
-    except callbacks.CallbackURLError as exc:
-        raise errors.validation(str(exc), "callbackUrl") from None
 
 
 class TaskView(ApiView):

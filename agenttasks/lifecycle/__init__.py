@@ -1,0 +1,80 @@
+"""The task lifecycle (the brief's Manager): create, spawn, status, retry, stop, continuations.
+
+Every status change goes through `store`; the lifecycle decides which transition to ask for,
+refuses what a state does not allow (one refusal check per rule, which the REST API, the admin,
+A2A and the model tools all call), launches runs after commit, and announces every won write
+once (`announce`: signals, waiters, callbacks, wake-up delivery). docs/lifecycle.md is the
+contract; this package is the Python API, one module per concern:
+
+- `creation`: create, spawn          - `reading`: status, wait_for, list_tasks, meta_for
+- `retries`: retry and its refusal   - `stopping`: stop, cancel, stop_tree
+- `answering`: comments, messages, answers to actions, their refusals, lapsed actions
+- `endings`: a run's ending (pause, continue, finalize), model_has_result
+- `recovery`: the reaper's pass, deleting trees
+- `conversations`: conversations without a task, progress from site code
+- `effects`: the announcer and launching; `base`: the Python view of a task
+"""
+
+from ..types import Continuation, RunOutcome, StopOutcome, TaskInfo, TaskMeta
+from .answering import (
+    answer,
+    answer_refusal,
+    comment,
+    comment_refusal,
+    expire_actions,
+    message_refusal,
+    resolve_action,
+    waiting_on,
+)
+from .base import agent_name, conversation_id_of, info, progress_line
+from .conversations import create_conversation, post_message, record_progress, update_conversation
+from .creation import create, spawn
+from .effects import announce, resume_if_settled
+from .endings import model_has_result, on_run_finished
+from .reading import list_tasks, meta_for, status, wait_for
+from .recovery import delete_conversation, delete_owned_by, recover
+from .retries import retry, retry_refusal, retry_task
+from .stopping import cancel, stop, stop_tree
+
+__all__ = [
+    "Continuation",
+    "RunOutcome",
+    "StopOutcome",
+    "TaskInfo",
+    "TaskMeta",
+    "agent_name",
+    "announce",
+    "answer",
+    "answer_refusal",
+    "cancel",
+    "comment",
+    "comment_refusal",
+    "conversation_id_of",
+    "create",
+    "create_conversation",
+    "delete_conversation",
+    "delete_owned_by",
+    "expire_actions",
+    "info",
+    "list_tasks",
+    "message_refusal",
+    "meta_for",
+    "model_has_result",
+    "on_run_finished",
+    "post_message",
+    "progress_line",
+    "record_progress",
+    "recover",
+    "resolve_action",
+    "resume_if_settled",
+    "retry",
+    "retry_refusal",
+    "retry_task",
+    "spawn",
+    "status",
+    "stop",
+    "stop_tree",
+    "update_conversation",
+    "wait_for",
+    "waiting_on",
+]

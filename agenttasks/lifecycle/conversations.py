@@ -1,0 +1,97 @@
+"""Conversations and the messages that start their runs, and progress reported by site code."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+
+from .. import files, registry, store
+from ..conf import app_settings
+from ..exceptions import ConversationNotFound, RunNotFound
+from ..models import Conversation, Event, File, Run, Task
+from ..types import Owner
+from .answering import comment
+from .base import progress_line
+from .effects import launch_durable
+
+
+def record_progress(run_id: str, state: Any) -> None:
+    """Record a run's progress state (tools, API, stream and admin show it rendered)."""
+    run = Run.objects.select_related("task").filter(pk=run_id).first()
+    if run is None:
+        raise RunNotFound()
+    rendered = progress_line(run.task, run=_with_progress(run, state)) if run.task else ""
+    store.record_progress(run_id, state, rendered)
+
+
+def _with_progress(run: Run, state: Any) -> Run:
+    run.progress = state
+    return run
+
+
+def create_conversation(
+    *, owner: Owner, agent_id: str, title: str = "", metadata: dict[str, Any] | None = None
+) -> Conversation:
+    """Create a visible conversation of an agent; its first message starts a run."""
+    registry.get(agent_id)
+    return store.create_conversation(owner=owner, agent=agent_id, title=title, metadata=metadata)
+
+
+def update_conversation(conversation_id: str, **changes: Any) -> Conversation:
+    """Change a conversation's `title` and/or client `metadata` (see store.update_conversation)."""
+    return store.update_conversation(conversation_id, **changes)
+
+
+def post_message(
+    conversation_id: str,
+    content: str,
+    *,
+    author: Owner = None,
+    metadata: dict[str, Any] | None = None,
+    uploads: Sequence[files.Upload] = (),
+) -> tuple[Run, Event]:
+    """Start a run of a conversation's agent on a user message; return the run and the message.
+
+    On a task's own conversation the message is a comment (origin "message") that re-opens the
+    task. `uploads` are checked against the agent's file policy, with the files the conversation
+    already has (files.FileRefused), and stored as the conversation's files with the message.
+    Refused while the conversation is busy (ConversationBusy; TaskBusy for a delegate task's),
+    and at the active-task limit.
+    """
+    conversation = Conversation.objects.filter(pk=conversation_id).first()
+    if conversation is None:
+        raise ConversationNotFound()
+    rules = files.policy(registry.get(conversation.agent)) if uploads else {}
+    if uploads:
+        existing = File.objects.filter(conversation_id=conversation_id).count()
+        files.check(conversation.agent, rules, list(uploads), existing)
+    own_task = Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True)
+    task_id = own_task.first()
+    refs = [u.ref() for u in uploads] or None
+    with files.kept_only_on_success() as written, transaction.atomic():
+        if task_id is None:
+            run, event = store.start_conversation_run(
+                conversation_id,
+                content,
+                metadata=metadata,
+                files=refs,
+                owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
+            )
+            launch_durable(run.id)
+        else:
+            message = comment(
+                task_id, content, author=author, metadata=metadata, origin="message", files=refs
+            )
+            run = Run.objects.get(pk=message.run_id)
+            event = Event.objects.get(
+                conversation_id=conversation_id, type="message.user", data__commentId=message.id
+            )
+        if uploads:
+            files.save(
+                uploads,
+                conversation_id=conversation_id,
+                owner=conversation.owner,
+                rules=rules,
+                written=written,
+            )
+    return run, event

@@ -1,0 +1,154 @@
+"""Starting tasks: `create` (REST and site code) and `spawn` (a model's background task)."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, transaction
+
+from .. import callbacks, files, ids, queue, registry, store
+from ..conf import app_settings
+from ..exceptions import (
+    ActiveTaskLimit,
+    ConversationNotFound,
+    DepthLimit,
+    LaunchFailed,
+    SpawnError,
+    TaskLimit,
+)
+from ..models import Conversation, Run, Task
+from ..types import ConversationRef, NewTask, Owner, TaskInfo
+from .base import LABEL_LENGTH, info, read
+from .effects import announce, launch, launch_durable
+from .reading import meta_for
+
+
+def create(
+    *,
+    owner: Owner,
+    agent_id: str,
+    input: str,
+    label: str = "",
+    kind: str = "",
+    state: Any = None,
+    callback_url: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    uploads: Sequence[files.Upload] = (),
+    before_commit: Callable[[Task], None] | None = None,
+) -> Task:
+    """Create a task from REST or site code: a visible conversation, depth 1, no parent.
+
+    Refused in the order of docs/rest.md#creating-a-task: an unknown agent (UnknownAgent), a
+    file its policy refuses (files.FileRefused), a callback address that is not public
+    (callbacks.CallbackURLError), then the active-task limit. `uploads` are stored as the
+    task's files and `before_commit(task)` runs, both inside the creating transaction; the bytes
+    of a transaction that fails are removed.
+    """
+    agent = registry.get(agent_id)
+    rules = files.policy(agent)
+    files.check(agent_id, rules, list(uploads))
+    if callback_url:
+        callbacks.check_syntax(callback_url)
+        callbacks.check_address(callback_url)
+    run_id = ids.new_run_id()
+    new = NewTask(
+        owner=owner,
+        agent=agent_id,
+        input=input,
+        label=label or " ".join(input.split())[:LABEL_LENGTH],
+        kind=kind,
+        state=state,
+        inherit=agent.snapshot(),
+        callback_url=callback_url or "",
+        metadata=metadata or {},
+        files=[u.ref() for u in uploads],
+        run_id=run_id,
+    )
+    # The first run's job commits with the task when the broker is this database.
+    job = queue.job_row(run_id)
+    limit = app_settings.MAX_ACTIVE_TASKS_PER_USER
+    if not uploads and before_commit is None:
+        task = store.create_task(new, owner_limit=limit, job=job)
+    else:
+        with files.kept_only_on_success() as written, transaction.atomic():
+            task = store.create_task(new, owner_limit=limit, job=job)
+            if uploads:
+                files.save(
+                    uploads,
+                    conversation_id=task.conversation_id,
+                    owner=owner,
+                    rules=rules,
+                    task_id=task.id,
+                    written=written,
+                )
+            if before_commit is not None:
+                before_commit(task)
+    if job is None:
+        launch_durable(run_id)
+    announce(task)
+    return task
+
+
+def spawn(
+    parent: "ConversationRef | None",
+    agent_name: str,
+    input: str,
+    *,
+    label: str = "",
+    kind: str = "",
+    state: Any = None,
+    tool_call_id: str = "",
+    parent_run: Run | None = None,
+) -> TaskInfo:
+    """Start a background task from a model's conversation; returns at once."""
+    if parent is None:
+        raise SpawnError.no_parent()
+    meta = meta_for(parent)
+    depth = 1
+    if meta is not None:
+        depth = meta.depth + 1
+        if depth > app_settings.MAX_DEPTH:
+            raise DepthLimit(meta.depth)
+    label = label or input[:LABEL_LENGTH]
+    if not isinstance(parent, Conversation):
+        parent = Conversation.objects.get(pk=parent)
+    agent_id = agent_name or (parent_run.agent if parent_run is not None else parent.agent)
+    try:
+        agent = registry.get(agent_id)
+    except registry.UnknownAgent as exc:
+        raise SpawnError.resolving_agent(agent_id, exc) from exc
+    run_id = ids.new_run_id()
+    new = NewTask(
+        parent_conversation_id=parent.pk,
+        owner=parent.owner,
+        agent=agent_id,
+        input=input,
+        label=label,
+        kind=kind,
+        state=state,
+        inherit=agent.snapshot(),
+        depth=depth,
+        parent_run_id=parent_run.pk if parent_run is not None else None,
+        tool_call_id=tool_call_id,
+        run_id=run_id,
+    )
+    job = queue.job_row(run_id)
+    try:
+        task = store.create_task(
+            new,
+            parent_cap=app_settings.MAX_CONCURRENT_PER_PARENT,
+            owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
+            job=job,
+        )
+    except (TaskLimit, ActiveTaskLimit, ConversationNotFound):
+        raise
+    except DatabaseError as exc:
+        raise SpawnError.creating_task(exc) from exc
+    if job is None:
+        try:
+            launch(run_id)
+        except Exception as exc:
+            store.discard_spawn(task.id, f"could not start: {exc}")
+            raise LaunchFailed.spawn(exc) from exc
+        task = read(task.id)  # the run may have moved on while it was being enqueued
+    announce(task)
+    return info(task, agent=agent.name)

@@ -1,0 +1,249 @@
+"""A run's ending: pause, continue (the kind's CONTINUE hook) or finalize its task."""
+
+import dataclasses
+import logging
+from typing import Any
+
+from .. import ids, signals, store, wakeups
+from ..conf import app_settings
+from ..exceptions import SpawnError, TaskNotFound
+from ..models import Run, Task
+from ..states import TERMINAL, OutcomeStatus, RunStatus, StopRequest, TaskStatus
+from ..types import ConversationRef, Ending, RunOutcome, TaskInfo
+from .base import check_agent, conversation_id_of, read
+from .effects import announce, launch, own_run_boundary, resume_if_settled
+from .reading import meta_for
+
+logger = logging.getLogger(__name__)
+
+
+CEILING_TEXT = "stopped after %d runs: the task's continuation ceiling (%d) was reached"
+
+
+NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a job of several runs needs run identity"
+
+
+def on_run_finished(
+    conversation: ConversationRef, outcome: RunOutcome, *, task: Task | None = None
+) -> None:
+    """The single entry point for a run's ending: pause, continue, or finalize its task.
+
+    The run driver passes the task it claimed (`task`), which saves looking it up again.
+    """
+    conversation_id = conversation_id_of(conversation)
+    if task is None:
+        try:
+            meta = meta_for(conversation_id)
+        except SpawnError:
+            logger.error(
+                "resolving finished run's task; terminal state NOT recorded conversation=%s",
+                conversation_id,
+            )
+            raise
+        if meta is None:
+            if outcome.run_id:
+                store.record_run_end(outcome.run_id, outcome)
+                if outcome.status == OutcomeStatus.INPUT_REQUIRED:
+                    resume_if_settled(conversation_id)  # its escalated children may have settled
+            wakeups.schedule_delivery(conversation_id)
+            return
+        task = read(meta.task_id)
+    run_id = outcome.run_id or task.run_id
+    if outcome.status == OutcomeStatus.INPUT_REQUIRED:
+        if _pause(task, run_id, outcome) or not _stopping_after_turn(run_id):
+            return
+        # The store refused the pause of a run asked to stop after its turn: it ends instead,
+        # as a graceful stop (docs/lifecycle.md#pausing-for-a-person), so no action is left open and the stop is honoured.
+        outcome = dataclasses.replace(
+            outcome,
+            status=OutcomeStatus.COMPLETED,
+            graceful_stop=True,
+            actions=(),
+            clarification=None,
+        )
+    if outcome.status not in TERMINAL:
+        return
+    if app_settings.hook("CONTINUE", task.kind) is None:
+        _finish(task, run_id, outcome)
+    else:
+        _finish_with_hook(read(task.id), run_id, outcome)
+
+
+def _ending(
+    outcome: RunOutcome,
+    *,
+    graceful: bool,
+    status: str | None = None,
+    full: str | None = None,
+    state: Any = None,
+) -> Ending:
+    """How an outcome settles its task (a completed run asked to stop after its turn is a
+    cancellation that keeps its reply as the result)."""
+    if full is None:
+        failed = outcome.status == OutcomeStatus.FAILED
+        full = outcome.text.strip() or (outcome.error if failed else "")
+    status = status or outcome.status
+    summary = full[: app_settings.SUMMARY_LIMIT]
+    reason = ""
+    if status == TaskStatus.COMPLETED and graceful:
+        status = TaskStatus.CANCELLED
+        summary = summary or "stopped after the current turn"
+        reason = "stopped after the current turn"
+    task_result = None
+    if status == TaskStatus.COMPLETED or (status == TaskStatus.CANCELLED and full):
+        task_result = outcome.task_result or {
+            "content": full,
+            "usage": outcome.usage,
+            "metadata": outcome.metadata,
+        }
+    return Ending(
+        status=status,
+        summary=summary,
+        result=full,
+        error=outcome.error if status == outcome.status else "",
+        state=state,
+        task_result=task_result,
+        reason=reason,
+    )
+
+
+def _finish(task: Task, run_id: str, outcome: RunOutcome) -> None:
+    """Record the ending and finalize at once (a kind without a CONTINUE hook)."""
+    ending = _ending(outcome, graceful=outcome.graceful_stop)
+    graceful = _ending(outcome, graceful=True)
+    after_turn = None if graceful == ending else graceful
+    ended = store.end(task.id, run_id, ending, outcome=outcome, after_turn=after_turn)
+    _settled(ended.task, task, run_id)
+
+
+def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
+    """Record the ending, ask the kind's CONTINUE hook, then advance or finalize."""
+    graceful = outcome.graceful_stop or (
+        task.run_id == run_id and task.run.stop_request == StopRequest.AFTER_TURN
+    )
+    if graceful and not outcome.graceful_stop:
+        outcome = dataclasses.replace(outcome, graceful_stop=True)
+    store.record_run_end(run_id, outcome)
+    ending = _ending(outcome, graceful=graceful)
+    if _wants_continuation(task, run_id, ending.status, outcome):
+        if outcome.run_id is None:
+            logger.warning(NO_RUN_ID_WARNING)
+        else:
+            step = _continue(task, run_id, outcome)
+            if step is None:
+                return
+            status, full, final_state = step
+            ending = _ending(outcome, graceful=False, status=status, full=full, state=final_state)
+    _settled(store.end(task.id, run_id, ending).task, task, run_id)
+
+
+def _settled(won: Task | None, task: Task, run_id: str) -> None:
+    if won:
+        announce(won)
+    else:
+        logger.debug("lifecycle.ending_lost task=%s run=%s", task.id, run_id)
+        own_run_boundary(task)
+
+
+def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
+    partial = {"content": outcome.text, "metadata": outcome.metadata, "usage": outcome.usage}
+    won = store.pause(
+        task.id,
+        run_id,
+        actions=outcome.actions,
+        clarification=outcome.clarification if not outcome.actions else None,
+        task_result=partial,
+        # No action and no clarification: the run waits on its delegate children's escalations.
+        escalated=not outcome.actions and outcome.clarification is None,
+    )
+    if not won:
+        logger.info("lifecycle.pause_lost task=%s run=%s", task.id, run_id)
+        return False
+    announce(won)
+    return True
+
+
+def _stopping_after_turn(run_id: str) -> bool:
+    return Run.objects.filter(
+        pk=run_id, status=RunStatus.RUNNING, stop_request=StopRequest.AFTER_TURN
+    ).exists()
+
+
+def _wants_continuation(task: Task, run_id: str, status: str, outcome: RunOutcome) -> bool:
+    return (
+        app_settings.hook("CONTINUE", task.kind) is not None
+        and status != TaskStatus.CANCELLED
+        and not outcome.graceful_stop
+        and task.run_id == run_id
+        and task.status == TaskStatus.RUNNING
+    )
+
+
+def _continue(task: Task, run_id: str, outcome: RunOutcome) -> tuple[str, str, Any] | None:
+    """Ask the kind's CONTINUE hook; advance and launch, or return the ending it decided.
+
+    Returns None when the task went on to a next run (or that attempt was settled here), else
+    (status, full text, final state) for the ending.
+    """
+    hook = app_settings.hook("CONTINUE", task.kind)
+    status = TaskStatus.COMPLETED if outcome.status == OutcomeStatus.COMPLETED else outcome.status
+    full = outcome.text.strip() or (outcome.error if status == TaskStatus.FAILED else "")
+    try:
+        cont = hook(task, outcome)
+    except Exception as exc:
+        return TaskStatus.FAILED, str(exc), None
+    if cont is None:
+        return status, full, None
+    if not cont.input:
+        if cont.error:
+            return TaskStatus.FAILED, cont.error, cont.state
+        return status, full, cont.state
+    if task.continuations >= app_settings.MAX_CONTINUATIONS:
+        return (
+            TaskStatus.FAILED,
+            CEILING_TEXT % (task.continuations + 1, app_settings.MAX_CONTINUATIONS),
+            None,
+        )
+    next_run_id = ids.new_run_id()
+    try:
+        advanced = store.advance(task.id, run_id, next_run_id, input=cont.input, state=cont.state)
+        reason = "the task was moved before the next run could start"
+    except Exception as exc:
+        advanced, reason = None, str(exc)
+    if not advanced:
+        return TaskStatus.FAILED, "could not advance to the next run: " + reason, None
+    try:
+        check_agent(advanced.agent)
+        launch(next_run_id)
+    except Exception as exc:
+        text = "could not start the next run: " + str(exc)
+        won = store.finalize(
+            task.id,
+            next_run_id,
+            TaskStatus.FAILED,
+            summary=text[: app_settings.SUMMARY_LIMIT],
+            result=text,
+        )
+        if won:
+            announce(won)
+        return None
+    announce(advanced)
+    return None
+
+
+def model_has_result(task_info: TaskInfo | None) -> None:
+    """Settle the debt of a result the model was handed, bound to its run and attempt."""
+    if task_info is None or task_info.status not in TERMINAL:
+        return
+    try:
+        task = read(task_info.task_id)
+    except TaskNotFound:
+        return
+    if (
+        task.status not in TERMINAL
+        or task.run_id != task_info.run_id
+        or task.attempt_no() != task_info.attempt
+    ):
+        return
+    if wakeups.consume(task.id, task_info.run_id):
+        signals.result_delivered.send(sender=Task, snapshot=task)

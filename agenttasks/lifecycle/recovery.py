@@ -1,0 +1,79 @@
+"""The reaper's pass, and deleting conversation trees (which it finishes when interrupted)."""
+
+import logging
+from typing import Any
+
+from django.db import DatabaseError, transaction
+
+from .. import queue, store, wakeups
+from ..conf import app_settings
+from ..exceptions import StoreError, TaskError
+from ..files import remove_now, remove_stored
+from ..models import Conversation, Task
+from .answering import expire_actions
+from .effects import announce
+from .endings import on_run_finished
+from .stopping import stop_tree
+
+logger = logging.getLogger(__name__)
+
+
+def recover() -> list[Task]:
+    """One reaper pass: orphans, stuck endings, dead taskless runs, requeues, timeouts, delivery."""
+    try:
+        orphans = store.fail_orphans()
+    except DatabaseError as exc:
+        raise StoreError.failing_orphans(exc) from exc
+    if orphans:
+        logger.info("recover.orphans count=%d", len(orphans))
+    for task in orphans:
+        announce(task)
+    for task, outcome in store.stuck_endings():
+        try:
+            on_run_finished(task.conversation_id, outcome)
+        except TaskError:
+            logger.info("recover.stuck_ending_gone task=%s", task.id)
+    for conversation_id in store.fail_dead_conversation_runs():
+        wakeups.schedule_delivery(conversation_id)
+    for run_id in store.requeue_stale(queue.queued_runs(app_settings.REQUEUE_AFTER)):
+        try:
+            queue.enqueue_run(run_id)
+        except Exception:
+            logger.exception("recover.requeue_failed run=%s", run_id)
+    expire_actions()
+    for conversation_id in store.conversations_owed():
+        wakeups.deliver_pending(conversation_id)
+    for root in store.interrupted_deletes():
+        try:
+            delete_conversation(root)
+        except Exception:
+            logger.exception("recover.delete_failed conversation=%s", root)
+    return orphans
+
+
+def delete_conversation(conversation_id: str) -> None:
+    """Stop and delete a conversation's whole tree, the bytes of its files included.
+
+    The tree is marked first, so a delete that dies halfway is finished by calling this again (a
+    repeated DELETE does, and so does the reaper). The bytes go before the rows, so none are
+    ever left on disk without a row that leads to them; inside a caller's transaction they go
+    when it commits.
+    """
+    tree = store.mark_deleting(conversation_id)
+    stop_tree(conversation_id)  # its tasks end cancelled, with their events and callbacks
+    store.stop_runs(tree)  # and whatever still runs there stops
+    stored = store.stored_files(tree)
+    if transaction.get_connection().in_atomic_block:
+        remove_stored(stored)
+    else:
+        remove_now(stored)
+    store.delete_tree(conversation_id)
+
+
+def delete_owned_by(user: Any) -> None:
+    """Delete every conversation tree a user owns, stopping their work (before the user goes)."""
+    roots = Conversation.objects.filter(owner=user, parent__isnull=True).values_list(
+        "id", flat=True
+    )
+    for conversation_id in list(roots):
+        delete_conversation(conversation_id)

@@ -1,0 +1,130 @@
+"""Stopping tasks: now or after the current turn, a client's cancel, and whole task trees."""
+
+import logging
+import sys
+import time
+
+from django.db import DatabaseError
+
+from .. import store
+from ..exceptions import AlreadyFinal, StoreError, TaskNotFound
+from ..models import Task
+from ..states import LIVE, TERMINAL, TaskStatus
+from ..types import ConversationRef, StopOutcome, TaskInfo
+from .base import conversation_id_of, info, read
+from .effects import announce
+from .reading import STATUS_POLL
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import ExceptionGroup
+
+logger = logging.getLogger(__name__)
+
+
+STOP_SETTLE_WAIT = 2.0
+
+
+STOP_PASSES = 2
+
+
+def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
+    """Stop a task: at most two passes, the second chasing one retry that replaced the first."""
+    for pass_no in range(1, STOP_PASSES + 1):
+        task = read(task_id)
+        if task.status in TERMINAL:
+            if pass_no == 1:
+                raise AlreadyFinal(task.status, task_id=task.id, info=info(task))
+            return info(task)
+        if task.status == TaskStatus.WAITING_FOR_INPUT:
+            won = store.finalize(
+                task.id,
+                task.run_id,
+                TaskStatus.CANCELLED,
+                summary="stopped while awaiting approval",
+                reason="stopped while awaiting input",
+            )
+        else:
+            outcome = store.request_stop(task.id, task.run_id, graceful=graceful)
+            if outcome is StopOutcome.MOVED:
+                continue
+            if outcome is StopOutcome.AFTER_TURN:
+                announce(task)
+                return info(task)
+            if outcome is StopOutcome.ALREADY_FINISHED and pass_no == 1:
+                _settle(task)
+                continue
+            reason = "stopped" if outcome is StopOutcome.CANCELLED else "stopped while queued"
+            won = store.finalize(
+                task.id, task.run_id, TaskStatus.CANCELLED, summary="stopped", reason=reason
+            )
+        if won:
+            announce(won)
+            _stop_children(won)
+            return info(read(task_id))
+    return info(read(task_id))
+
+
+def cancel(task_id: str, *, graceful: bool = False) -> Task:
+    """Cancel a task for a client; return it as the stop left it (graceful: still winding down).
+
+    Cancelling a cancelled task changes nothing; a task that completed or failed, before or
+    during the stop, refuses with AlreadyFinal.
+    """
+    task = read(task_id)
+    if task.status in LIVE:
+        try:
+            stop(task.id, graceful=graceful)
+        except AlreadyFinal:
+            pass  # it ended meanwhile: judged below as it is now
+        task = Task.objects.select_related("run").get(pk=task.id)
+    if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+        raise AlreadyFinal(task.status, task_id=task.id, info=info(task))
+    return task
+
+
+def _settle(task: Task) -> None:
+    """Give a recorded ending up to 2 s to be applied by its worker."""
+    deadline = time.monotonic() + STOP_SETTLE_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(STATUS_POLL)
+        now = read(task.id)
+        if now.status in TERMINAL or now.run_id != task.run_id:
+            return
+
+
+def _stop_children(task: Task) -> None:
+    try:
+        stop_tree(task.conversation_id)
+    except Exception:
+        logger.exception("lifecycle.stop_children_failed task=%s", task.id)
+
+
+def stop_tree(conversation: ConversationRef) -> None:
+    """Stop every live task spawned from the conversation, and theirs, recursively."""
+    conversation_id = conversation_id_of(conversation)
+    errors: list[Exception] = []
+    seen: set[str] = set()
+    frontier = [conversation_id]
+    while frontier:
+        try:
+            live = list(
+                Task.objects.filter(
+                    parent_conversation_id__in=frontier, status__in=LIVE
+                ).values_list("id", "conversation_id")
+            )
+        except DatabaseError as exc:
+            raise StoreError.listing_live(exc) from exc
+        frontier = []
+        for task_id, child_conversation_id in live:
+            if task_id in seen:
+                continue
+            seen.add(task_id)
+            frontier.append(child_conversation_id)
+            try:
+                stop(task_id)
+            except (AlreadyFinal, TaskNotFound):
+                pass
+            except Exception as exc:  # collected and raised together
+                errors.append(exc)
+    if errors:
+        raise ExceptionGroup("tasks: stopping the task tree", errors)
