@@ -6,12 +6,11 @@ IPv4 address embedded in an IPv6 one included (unless the host is allowed). The 
 to the address that was checked, so a DNS answer that changes in between cannot reach a refused
 address. No redirects, no retries; the outcome is an event in the task's conversation.
 
-Receivers check the signature and its age with `verify` (this module imports without a
-configured Django, for receivers that are not Django sites).
+Each POST is signed when CALLBACK_SIGNING_SECRET is set; receivers check the signature and its
+age with `verify` (from `agenttasks.signatures`, which imports nothing from Django, for receivers
+that are not Django sites).
 """
 
-import hashlib
-import hmac
 import ipaddress
 import json
 import logging
@@ -23,17 +22,26 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from django.utils import timezone
 
-from . import __version__, queue
+from . import __version__, metrics, queue, store
 from .conf import app_settings
 from .exceptions import ConversationNotFound
+from .models import Task
+from .signatures import SIGNATURE_HEADER, signature
+from .signatures import InvalidSignature as InvalidSignature  # the receiver's side, re-exported
+from .signatures import verify as verify
+from .states import TaskStatus
 from .text import iso
 
 logger = logging.getLogger(__name__)
 
-NOTIFIED = ("completed", "failed", "waiting_for_input", "cancelled")
+NOTIFIED = (
+    TaskStatus.COMPLETED,
+    TaskStatus.FAILED,
+    TaskStatus.WAITING_FOR_INPUT,
+    TaskStatus.CANCELLED,
+)
 MAX_URL_LENGTH = 2000
 DEFAULT_PORTS = {"http": 80, "https": 443}
-SIGNATURE_HEADER = "X-Agenttasks-Signature"
 # IPv6 prefixes that carry an IPv4 address in their last 32 bits, which a translator reaches:
 # IPv4-compatible (deprecated), NAT64 well-known and local-use (RFC 6052, RFC 8215).
 EMBEDDING_PREFIXES = [
@@ -154,55 +162,8 @@ def schedule(task, status: str) -> None:
         queue.enqueue_job("agenttasks.callbacks.send", task.id, status, task.version)
 
 
-def _digest(secret: str, timestamp: int, body: bytes) -> str:
-    return hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-
-
-def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """The X-Agenttasks-Signature header value for a body sent at `timestamp`."""
-    return f"t={timestamp},v1={_digest(secret, timestamp, body)}"
-
-
-class InvalidSignature(ValueError):
-    """A callback whose signature is missing, wrong, or outside the time window."""
-
-
-def verify(headers, body, secret: str, tolerance: int = 300, *, now: float | None = None) -> None:
-    """Check a received callback's signature and its age; raise InvalidSignature if not good.
-
-    `headers` is any mapping of the request's headers (the name is matched in any case),
-    `body` the exact bytes received. The signed timestamp must be within `tolerance` seconds
-    of `now` (this machine's clock) either way, which bounds how long a captured callback can
-    be replayed.
-    """
-    header = next(
-        (v for k, v in dict(headers).items() if str(k).lower() == SIGNATURE_HEADER.lower()), None
-    )
-    if not header:
-        raise InvalidSignature(f"No {SIGNATURE_HEADER} header")
-    timestamp, candidates = None, []
-    for part in str(header).split(","):
-        key, _, value = part.strip().partition("=")
-        if key == "t" and value.isascii() and value.isdigit():
-            timestamp = int(value)
-        elif key == "v1":
-            candidates.append(value)
-    if timestamp is None or not candidates:
-        raise InvalidSignature(f"Malformed {SIGNATURE_HEADER} header")
-    raw = body.encode() if isinstance(body, str) else bytes(body)
-    expected = _digest(secret, timestamp, raw)
-    if not any(hmac.compare_digest(expected, c) for c in candidates):
-        raise InvalidSignature("The signature does not match the body")
-    age = (time.time() if now is None else now) - timestamp
-    if abs(age) > tolerance:
-        raise InvalidSignature(f"The signature is {int(abs(age))}s old; the limit is {tolerance}s")
-
-
 def send(task_id: str, status: str, version: int = 0) -> dict | None:
     """POST the callback of one ending (the queued job); record and log the outcome."""
-    from . import metrics, store
-    from .models import Task
-
     if version and not Task.objects.filter(pk=task_id, callback_version__lt=version).update(
         callback_version=version
     ):
@@ -215,7 +176,7 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
     if task is None or not task.callback_url:
         return None
     payload: dict[str, Any] = {"taskId": task.id, "status": status}
-    if status == "failed":
+    if status == TaskStatus.FAILED:
         payload["error"] = task.error
     payload["timestamp"] = iso(timezone.now())
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,8 +1,6 @@
 """Enqueue work on django-q2 after commit; the only module that imports django_q.
 
 Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
-django_q is imported inside the functions that use it, so that importing agenttasks never loads
-django-q2's configuration (read from settings when it is imported) or its models.
 """
 
 import functools
@@ -17,6 +15,14 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from django_q.brokers import Broker, get_broker
+from django_q.brokers.orm import ORM
+from django_q.conf import Conf
+from django_q.exceptions import TimeoutException
+from django_q.models import Failure, OrmQ, Schedule
+from django_q.signals import post_spawn
+from django_q.signing import SignedPackage
+from django_q.tasks import async_task
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +33,6 @@ class DjangoQBackend:
     """Send jobs to the django-q2 broker."""
 
     def enqueue(self, func: str, *args) -> None:
-        from django_q.tasks import async_task
-
         async_task(func, *args)
 
     def job_row(self, func: str, *args) -> dict | None:
@@ -39,9 +43,7 @@ class DjangoQBackend:
         broker = _database_broker()
         if broker is None:
             return None
-        from django_q.tasks import async_task
-
-        capture = _capturing_broker()(broker.list_key)
+        capture = CapturingBroker(broker.list_key)
         async_task(func, *args, broker=capture)  # django-q2 builds and signs the package
         return {"key": broker.list_key, "payload": capture.payload, "lock": timezone.now()}
 
@@ -57,10 +59,6 @@ class DjangoQBackend:
         broker = _database_broker()
         if broker is None:
             return None
-        from django_q.conf import Conf
-        from django_q.models import OrmQ
-        from django_q.signing import SignedPackage
-
         now = timezone.now()
         taken_since = now + timedelta(seconds=(Conf.RETRY or 0) - handed_within)
         held = set()
@@ -84,34 +82,22 @@ class DjangoQBackend:
 @functools.cache
 def _database_broker():
     """django-q2's ORM broker when it uses the database agenttasks writes to, else None."""
-    from django_q.brokers import get_broker
-    from django_q.brokers.orm import ORM
-    from django_q.conf import Conf
-
     broker = get_broker()
     return broker if isinstance(broker, ORM) and Conf.ORM == DEFAULT_DB_ALIAS else None
 
 
-@functools.cache
-def _capturing_broker():
-    from django_q.brokers import Broker
+class CapturingBroker(Broker):
+    """A broker that keeps the package it is given instead of sending it."""
 
-    class CapturingBroker(Broker):
-        """A broker that keeps the package it is given instead of sending it."""
+    payload = ""
 
-        payload = ""
-
-        def enqueue(self, task):
-            self.payload = task
-            return "in-transaction"
-
-    return CapturingBroker
+    def enqueue(self, task):
+        self.payload = task
+        return "in-transaction"
 
 
 def insert_job(job: dict) -> None:
     """Write a job row from `job_row` (inside the caller's transaction)."""
-    from django_q.models import OrmQ
-
     OrmQ.objects.using(DEFAULT_DB_ALIAS).create(**job)
 
 
@@ -179,8 +165,6 @@ def queued_runs(handed_within: float) -> set[str] | None:
 
 def is_worker_timeout(exc: BaseException) -> bool:
     """Whether `exc` is django-q2 stopping a job at its `timeout`."""
-    from django_q.exceptions import TimeoutException
-
     return isinstance(exc, TimeoutException)
 
 
@@ -226,8 +210,6 @@ def install_schedule(name: str, func: str, minutes: int = 1, *, daily: bool = Fa
 
     It repeats every `minutes`, or once a day with `daily`.
     """
-    from django_q.models import Schedule
-
     try:
         with transaction.atomic():
             # Every worker of every cluster calls this as it starts, all at the same moment.
@@ -253,8 +235,6 @@ def install_schedule(name: str, func: str, minutes: int = 1, *, daily: bool = Fa
 
 def old_failures(before, limit: int) -> list:
     """Ids of django-q2's failure rows (failed jobs it kept) that stopped before `before`."""
-    from django_q.models import Failure
-
     return list(
         Failure.objects.filter(stopped__lt=before)
         .order_by("stopped")
@@ -264,15 +244,11 @@ def old_failures(before, limit: int) -> list:
 
 def delete_failures(ids: list) -> int:
     """Delete those failure rows; return how many went."""
-    from django_q.models import Failure
-
     return Failure.objects.filter(pk__in=ids).delete()[0]
 
 
 def _lock_schedules(name: str) -> None:
     """Serialize the installs of one schedule until the caller's transaction ends."""
-    from django_q.models import Schedule
-
     connection = transaction.get_connection()
     if connection.vendor == "postgresql":
         digest = hashlib.sha256(f"agenttasks:schedule:{name}".encode()).digest()
@@ -288,6 +264,4 @@ def _lock_schedules(name: str) -> None:
 
 def on_worker_start(receiver) -> None:
     """Call `receiver()` whenever a django-q2 worker process starts."""
-    from django_q.signals import post_spawn
-
     post_spawn.connect(receiver, dispatch_uid="agenttasks.worker_start", weak=False)

@@ -13,12 +13,7 @@ from django.utils import timezone
 
 from . import ids, queue, store
 from .models import Conversation, PendingAction, Run, Task, Wakeup
-from .states import (
-    RunTrigger,
-    TaskStatus,
-    WakeupState,
-    model_status,
-)
+from .states import TERMINAL, RunTrigger, TaskStatus, WakeupState, model_status
 from .text import go_quote, one_line
 
 logger = logging.getLogger(__name__)
@@ -49,12 +44,8 @@ def format_notification(items) -> str:
     lines = []
     failed = False
     for item in items:
-        status = (
-            item.status
-            if item.status in ("completed", "failed", "cancelled")
-            else model_status(item.status)
-        )
-        failed = failed or status == "failed"
+        status = item.status if item.status in TERMINAL else model_status(item.status)
+        failed = failed or status == TaskStatus.FAILED
         lines.append(task_line(item.task_id, item.label, status, item.summary, item.truncated))
     if failed:
         lines.append(RETRY_HINT)

@@ -314,13 +314,13 @@ def test_verify_refuses_old_future_missing_and_malformed_signatures():
     callbacks.verify(rotated, body, "k", now=1_000_000)
 
 
-def test_callbacks_imports_without_django_settings():
+def test_signatures_import_without_django_settings():
     """A receiver that is not a Django site can import verify."""
     import subprocess
     import sys
 
     code = (
-        "import time; from agenttasks import callbacks as c; b = b'{}'; "
+        "import time; from agenttasks import signatures as c; b = b'{}'; "
         "c.verify({'X-Agenttasks-Signature': c.signature('k', int(time.time()), b)}, b, 'k')"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "DJANGO_SETTINGS_MODULE"}

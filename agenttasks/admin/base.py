@@ -10,10 +10,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from ..conf import app_settings
-from ..states import RunStatus
+from ..states import RunStatus, TaskKind
 
 CSS = {"all": ["agenttasks/admin.css"]}
-DELEGATE = "delegate"
+DELEGATE = TaskKind.DELEGATE
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

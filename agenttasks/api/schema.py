@@ -15,6 +15,7 @@ import json
 import threading
 from pathlib import Path
 
+import drf_spectacular_sidecar
 from django.http import FileResponse, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import escape
@@ -189,8 +190,6 @@ class AssetView(DocsBase):
 
 
 def _sidecar() -> Path:
-    import drf_spectacular_sidecar
-
     return (
         Path(drf_spectacular_sidecar.__file__).parent
         / "static"

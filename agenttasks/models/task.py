@@ -137,7 +137,7 @@ class Task(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["parent_conversation", "delegation_key"],
-                condition=Q(kind="delegate"),
+                condition=Q(kind=TaskKind.DELEGATE),
                 name="agenttasks_task_delegation_uniq",
             ),
             models.CheckConstraint(

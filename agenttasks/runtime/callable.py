@@ -1,5 +1,6 @@
 """The callable runtime: a Python function `handle(ctx) -> Reply` runs the whole turn."""
 
+from ..states import OutcomeStatus, TaskKind
 from ..types import RunOutcome
 from . import result_files
 from .base import GracefulStop, PauseRun, Reply, RunContext, RunStopped
@@ -10,21 +11,27 @@ def execute(ctx: RunContext) -> RunOutcome:
     try:
         reply = ctx.agent.handler(ctx)
     except PauseRun as pause:
-        return RunOutcome(ctx.run_id, "input_required", text=pause.text, actions=pause.actions)
+        return RunOutcome(
+            ctx.run_id, OutcomeStatus.INPUT_REQUIRED, text=pause.text, actions=pause.actions
+        )
     except GracefulStop:
-        return RunOutcome(ctx.run_id, "completed", graceful_stop=True)
+        return RunOutcome(ctx.run_id, OutcomeStatus.COMPLETED, graceful_stop=True)
     except RunStopped:
-        return RunOutcome(ctx.run_id, "cancelled")
+        return RunOutcome(ctx.run_id, OutcomeStatus.CANCELLED)
     if reply is None:
         reply = Reply()
     elif isinstance(reply, str):
         reply = Reply(content=reply)
     metadata = dict(reply.metadata or {})
-    if metadata.get("waitingForInput") and ctx.task is not None and ctx.task.kind != "delegate":
+    if (
+        metadata.get("waitingForInput")
+        and ctx.task is not None
+        and ctx.task.kind != TaskKind.DELEGATE
+    ):
         # The legacy clarification: the question is an agent comment; the next comment answers.
         return RunOutcome(
             ctx.run_id,
-            "input_required",
+            OutcomeStatus.INPUT_REQUIRED,
             text=reply.content,
             clarification=reply.content,
             metadata=metadata,
@@ -34,7 +41,7 @@ def execute(ctx: RunContext) -> RunOutcome:
     stored = result_files.store(ctx, reply.files)
     return RunOutcome(
         ctx.run_id,
-        "completed",
+        OutcomeStatus.COMPLETED,
         text=reply.content,
         usage=reply.usage,
         metadata=metadata,

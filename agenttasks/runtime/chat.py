@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .. import deltas, store
 from ..models import Event, PendingAction, Run
 from ..registry import ASK_USER_PATH
-from ..states import TaskKind
+from ..states import ActionStatus, OutcomeStatus, TaskKind
 from ..tools import InvalidArguments, ToolResult, ToolSpec, check_arguments, decode_arguments
 from ..types import ActionRequest, RunOutcome
 from . import approvals, delegation
@@ -152,11 +152,11 @@ class ChatRun:
         try:
             return self._loop()
         except RunStopped:
-            return self._outcome("cancelled")
+            return self._outcome(OutcomeStatus.CANCELLED)
         except BudgetExceeded as exc:
-            return self._outcome("failed", error=str(exc))
+            return self._outcome(OutcomeStatus.FAILED, error=str(exc))
         except ModelError as exc:
-            return self._outcome("failed", error=str(exc))
+            return self._outcome(OutcomeStatus.FAILED, error=str(exc))
         finally:
             self._save_usage()
 
@@ -190,7 +190,7 @@ class ChatRun:
         while True:
             self._check_stop()
             if self.ctx.read_stop_request() == "after_turn":
-                return self._outcome("completed", graceful_stop=True)
+                return self._outcome(OutcomeStatus.COMPLETED, graceful_stop=True)
             message = self.budget.before_call()
             if message:
                 raise BudgetExceeded(message)
@@ -211,7 +211,9 @@ class ChatRun:
             self._append_assistant(response)
             if not response.calls:
                 text = response.content or ""
-                return self._outcome("completed", text=text, graceful_stop=self.ctx.stop.after_turn)
+                return self._outcome(
+                    OutcomeStatus.COMPLETED, text=text, graceful_stop=self.ctx.stop.after_turn
+                )
             self._check_stop()
             message = self.budget.before_tools(len(response.calls))
             if message:
@@ -322,10 +324,10 @@ class ChatRun:
             delegation.stop_children(escalated)
             if self.ctx.stop.now:
                 raise RunStopped()
-            return self._outcome("completed", graceful_stop=True)
+            return self._outcome(OutcomeStatus.COMPLETED, graceful_stop=True)
         for task_id in escalated:
             logger.info("chat.paused_on_child run=%s task=%s", self.run.id, task_id)
-        return self._outcome("input_required", actions=tuple(batch.actions))
+        return self._outcome(OutcomeStatus.INPUT_REQUIRED, actions=tuple(batch.actions))
 
     # executing calls ----------------------------------------------------------------------
     def _execute(self, calls: list[dict], *, replay: bool = False) -> Batch:
@@ -408,7 +410,7 @@ class ChatRun:
         return {a.tool_call_id: a for a in actions.order_by("created_at", "id")}
 
     def _settle_question(self, batch: Batch, call_id: str, action) -> None:
-        if action is None or action.status == "cancelled":
+        if action is None or action.status == ActionStatus.CANCELLED:
             batch.results[call_id] = ToolResult(INTERRUPTED, is_error=True)
         elif action.status == "pending":
             batch.outstanding.append(call_id)  # still asked: the run pauses on it again
@@ -416,7 +418,7 @@ class ChatRun:
             batch.results[call_id] = approvals.answer(action)
 
     def _settle_approval(self, batch: Batch, call_id: str, tool: ToolSpec, action):
-        if action is None or action.status == "cancelled":
+        if action is None or action.status == ActionStatus.CANCELLED:
             batch.results[call_id] = ToolResult(INTERRUPTED, is_error=True)
             return None
         if action.status == "pending":

@@ -20,6 +20,7 @@ from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
 from ..listen import hub, stop_key, task_key
 from ..models import Run
+from ..states import OutcomeStatus
 from ..types import RunOutcome
 from . import callable as callable_runtime
 from . import chat
@@ -224,9 +225,9 @@ def drive(run: Run, worker: str, **context) -> None:
 def _execute(run: Run, flag: StopFlag, **context) -> RunOutcome:
     """Run the agent's runtime outside any transaction and turn every ending into an outcome."""
     outcome = _run_runtime(run, flag, **context)
-    if flag.timed_out and outcome.status in ("cancelled", "failed"):
+    if flag.timed_out and outcome.status in (OutcomeStatus.CANCELLED, OutcomeStatus.FAILED):
         # Stopped at its deadline: the heartbeat has ended it already, with this error.
-        return RunOutcome(run.id, "failed", error=flag.timed_out, append_message=False)
+        return RunOutcome(run.id, OutcomeStatus.FAILED, error=flag.timed_out, append_message=False)
     return outcome
 
 
@@ -248,15 +249,17 @@ def _run_runtime(run: Run, flag: StopFlag, **context) -> RunOutcome:
         execute = callable_runtime.execute if agent.runtime == "callable" else chat.execute
         return execute(ctx)
     except RunStopped:
-        return RunOutcome(run.id, "cancelled")
+        return RunOutcome(run.id, OutcomeStatus.CANCELLED)
     except registry.UnknownAgent as exc:
-        return RunOutcome(run.id, "failed", error=f"Agent not found: {run.agent} ({exc})")
+        return RunOutcome(
+            run.id, OutcomeStatus.FAILED, error=f"Agent not found: {run.agent} ({exc})"
+        )
     except Exception as exc:
         logger.exception("worker.run_raised run=%s", run.id)
-        return RunOutcome(run.id, "failed", error=str(exc) or type(exc).__name__)
+        return RunOutcome(run.id, OutcomeStatus.FAILED, error=str(exc) or type(exc).__name__)
     except SystemExit as exc:
         if not queue.is_worker_timeout(exc):
             raise
         # django-q2's timeout struck before the agent's deadline (a system check warns).
         logger.error("worker.killed_by_timeout run=%s", run.id)
-        return RunOutcome(run.id, "failed", error=deadlines.killed_text())
+        return RunOutcome(run.id, OutcomeStatus.FAILED, error=deadlines.killed_text())

@@ -157,7 +157,7 @@ def listing(infos: list[TaskInfo]) -> str:
             line += f" · {info.progress}"
         if info.summary:
             line += f" — {info.summary[:limit]}"
-        if info.status not in ("completed", "failed", "cancelled"):
+        if info.status not in TERMINAL:
             line += " (still working — do not redo its work; you will be told when it finishes)"
         parts.append(line)
     return "".join(parts)

@@ -17,7 +17,16 @@ from ... import files, lifecycle
 from ...conf import app_settings
 from ...models import Comment, Conversation, Event, PendingAction, Run, Task, TaskResult
 from ...runtime import delegation
-from ...states import RUN_ACTIVE, RUN_ENDED, TERMINAL, RunTrigger, StopRequest, TaskStatus
+from ...states import (
+    RUN_ACTIVE,
+    RUN_ENDED,
+    TERMINAL,
+    ActionStatus,
+    RunStatus,
+    RunTrigger,
+    StopRequest,
+    TaskStatus,
+)
 from ...text import iso
 
 MESSAGE_TYPES = {
@@ -27,9 +36,9 @@ MESSAGE_TYPES = {
 }
 TRIGGER_NAMES: dict[str, str] = {RunTrigger.INITIAL: "create"}
 TASK_STATUSES = list(TaskStatus.values)
-ACTION_STATUSES = ["pending", "approved", "denied", "answered", "expired", "cancelled"]
+ACTION_STATUSES = list(ActionStatus.values)
 RUN_TRIGGERS = ["create", "retry", "comment", "message", "continuation", "wakeup"]
-RUN_STATUSES = ["queued", "running", "paused", "completed", "failed", "cancelled"]
+RUN_STATUSES = list(RunStatus.values)
 EVENT_TYPES = [
     "message.user",
     "message.assistant",
@@ -453,7 +462,7 @@ class RunSerializer(Shape):
         return max(run.attempt, 1) if run.task_id else None
 
     def get_error(self, run: Run) -> str | None:
-        return run.error if run.status == "failed" else None
+        return run.error if run.status == RunStatus.FAILED else None
 
     def get_finished_at(self, run: Run) -> str | None:
         return iso(run.ended_at) if run.status in RUN_ENDED else None
