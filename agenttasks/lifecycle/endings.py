@@ -18,8 +18,6 @@ logger = logging.getLogger(__name__)
 
 
 CEILING_TEXT = "stopped after %d runs: the task's continuation ceiling (%d) was reached"
-
-
 NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a job of several runs needs run identity"
 
 

@@ -22,8 +22,6 @@ logger = logging.getLogger(__name__)
 
 
 STOP_SETTLE_WAIT = 2.0
-
-
 STOP_PASSES = 2
 
 
