@@ -30,7 +30,7 @@ import os, signal, sys
 import django
 django.setup()
 from agenttasks import lifecycle
-lifecycle.stop_tree = lambda conversation_id: os.kill(os.getpid(), signal.SIGKILL)
+lifecycle.recovery.stop_tree = lambda conversation_id: os.kill(os.getpid(), signal.SIGKILL)
 lifecycle.delete_conversation(sys.argv[1])
 """
 
