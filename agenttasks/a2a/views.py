@@ -34,17 +34,15 @@ from django.http import HttpResponse, JsonResponse
 from django.views import View
 from google.protobuf import json_format
 from rest_framework import exceptions
-from rest_framework.renderers import JSONRenderer
-from rest_framework.views import APIView, set_rollback
+from rest_framework.views import set_rollback
 
 from .. import registry
 from ..api import body as api_body
 from ..api import errors as api_errors
 from ..api import slots
-from ..api.permissions import IdentityRequired, authenticators
 from ..api.streams import StreamResponse
-from ..api.throttling import ScopeThrottle, throttles_for
-from ..api.views import FirstRenderer
+from ..api.throttling import ScopeThrottle
+from ..api.views import AppPolicies
 from ..conf import app_settings
 from ..exceptions import TaskError
 from . import card, service, stream
@@ -130,25 +128,12 @@ def translate(exc) -> Exception:
     return InternalError("An unexpected error occurred")
 
 
-class A2AView(APIView):
+class A2AView(AppPolicies):
     """The REST API's authentication, identity rule and throttles; the binding's errors."""
 
     binding = JSONRPC
-    parser_classes = [api_body.Unread]
-    renderer_classes = [JSONRenderer]
-    content_negotiation_class = FirstRenderer
-    metadata_class = None
     schema = None  # not part of the REST API's OpenAPI document
     request_id = None
-
-    def get_authenticators(self):
-        return authenticators()
-
-    def get_permissions(self):
-        return [IdentityRequired()]
-
-    def get_throttles(self):
-        return throttles_for(self.request)
 
     def initial(self, request, *args, **kwargs):
         agent = a2a_agent(kwargs.get("agentId", ""))

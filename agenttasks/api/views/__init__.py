@@ -10,7 +10,7 @@ nothing.
 
 from .actions import ActionsView, ActionView
 from .agents import AgentListView, AgentView
-from .base import ApiView, FirstRenderer, extend_schema
+from .base import ApiView, AppPolicies, FirstRenderer, extend_schema
 from .conversations import ConversationListView, ConversationView, MessagesView
 from .events import EventStreamView, EventsView
 from .files import FileContentView, FileView
@@ -32,6 +32,7 @@ __all__ = [
     "AgentListView",
     "AgentView",
     "ApiView",
+    "AppPolicies",
     "ConversationListView",
     "ConversationView",
     "EventStreamView",

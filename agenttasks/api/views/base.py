@@ -96,16 +96,18 @@ PAGE_PARAMETERS = [
 ]
 
 
-class ApiView(APIView):
-    """The app's own policies, whatever the host's REST_FRAMEWORK defaults say."""
+class AppPolicies(APIView):
+    """The app's own policies, whatever the host's REST_FRAMEWORK defaults say (REST and A2A).
+
+    The site's authenticators (AGENTTASKS["AUTHENTICATION_CLASSES"] or DRF's default), the
+    identity rule, the app's throttles, bodies read by api.body, and JSON without negotiation.
+    """
 
     anonymous_list = False
     parser_classes = [body.Unread]  # bodies are read by api.body, before any view logic
     renderer_classes = [JSONRenderer]
     content_negotiation_class = FirstRenderer
     metadata_class = None
-    schema = AutoSchema()
-    http_method_names = ["get", "post", "patch", "delete", "head"]
 
     def get_authenticators(self):
         return authenticators()
@@ -115,6 +117,13 @@ class ApiView(APIView):
 
     def get_throttles(self):
         return throttles_for(self.request)
+
+
+class ApiView(AppPolicies):
+    """A view of the REST API: the app's policies, its error envelope and its lookups."""
+
+    schema = AutoSchema()
+    http_method_names = ["get", "post", "patch", "delete", "head"]
 
     def get_exception_handler(self):
         return errors.handle
