@@ -3,24 +3,20 @@
 The first event is the Task; then the task's own events in its conversation's log become
 `TaskStatusUpdateEvent`s (`task.status`, and `task.progress` as WORKING with the progress) and,
 at a completed or failed ending, a `TaskArtifactUpdateEvent` with the result before the final
-status. The stream closes after a terminal or input-required status. Like the REST events stream
-(api/streams.py) it reads the log by `seq`, wakes on the in-process hub (fed by PostgreSQL NOTIFY
-too) and polls, holds one of the user's MAX_STREAMS_PER_USER places, sends keep-alives, ends
-after STREAM_MAX_SECONDS, and is driven by a generator under WSGI or an async one under ASGI.
+status. The stream closes after a terminal or input-required status. The REST events stream's
+drivers (api/streams.py) run it: they read the log by `seq`, wake on the in-process hub (fed by
+PostgreSQL NOTIFY too) and poll, hold one of the user's MAX_STREAMS_PER_USER places, send
+keep-alives and end after STREAM_MAX_SECONDS, from a generator under WSGI or an async one under
+ASGI.
 """
 
-import asyncio
 import logging
 import time
 
 from a2a.types import a2a_pb2 as pb
-from asgiref.sync import sync_to_async
 from google.protobuf import json_format
 
 from ..api import slots
-from ..api.streams import KEEPALIVE, POLL
-from ..conf import app_settings
-from ..listen import conversation_key, hub
 from ..models import Conversation, Event, Task
 from ..states import TERMINAL, TaskStatus
 from . import mapping
@@ -32,33 +28,47 @@ BATCH = 200
 
 
 class TaskFollower:
-    """What one stream has sent of one task, and how to read what comes next."""
+    """What one stream has sent of one task, and how to read what comes next.
 
-    def __init__(self, call, task_id: str, held=None, client_fd=None, sent=None):
+    It follows the task's conversation for an api.streams driver; `frame(dict)` and
+    `error_frame(exc)` write a StreamResponse and an error in the request's binding.
+    """
+
+    def __init__(
+        self, call, task_id: str, frame, error_frame, held=None, client_fd=None, sent=None
+    ):
         self.call = call
         self.task_id = task_id
+        self.frame, self.error_frame = frame, error_frame
         self.sent = sent  # SendStreamingMessage: the task as sent, and where its log resumes
         self.held = held or slots.Held(None, "", 0)
         self.client_fd = client_fd
         self.done = False
         self.last = 0
-        self.conversation_id = ""
+        self.conversation_id = (
+            Task.objects.filter(pk=task_id).values_list("conversation_id", flat=True).get()
+        )
         self.context_id = ""
         self._renewed = self._client_checked = time.monotonic()
+
+    def attach(self, woken) -> None:
+        """Nothing transient to receive: A2A streams carry no deltas."""
+
+    def opening(self) -> list[str]:
+        return [self.frame(self.first())]
+
+    def pending(self) -> str:
+        return ""
 
     def first(self) -> dict:
         """The Task as it is now (or as the message left it); the log is followed from here."""
         if self.sent is not None:
-            self.conversation_id = (
-                Task.objects.filter(pk=self.task_id).values_list("conversation_id", flat=True).get()
-            )
             self.last = self.sent.after
             self.context_id = self.sent.message.context_id
             if self.sent.task.status in ENDS:
                 self.done = True
             return self._dict(pb.StreamResponse(task=self.sent.message))
         task = Task.objects.select_related("run").get(pk=self.task_id)
-        self.conversation_id = task.conversation_id
         self.last = (
             Conversation.objects.filter(pk=task.conversation_id)
             .values_list("last_seq", flat=True)
@@ -71,7 +81,11 @@ class TaskFollower:
             self.done = True
         return self._dict(pb.StreamResponse(task=self.call.present(task)))
 
-    def poll(self) -> list[dict]:
+    def poll(self) -> str:
+        """The frames of the task's events committed since the last read ("" when none)."""
+        return "".join(self.frame(update) for update in self._read())
+
+    def _read(self) -> list[dict]:
         events = list(
             Event.objects.filter(conversation_id=self.conversation_id, seq__gt=self.last).order_by(
                 "seq"
@@ -144,86 +158,24 @@ class TaskFollower:
 
     # --- the stream's place and its client ---------------------------------------------------
 
-    def gone(self) -> bool:
+    def client_gone(self) -> bool:
         now = time.monotonic()
         if now - self._client_checked < 1.0:
             return False
         self._client_checked = now
         return slots.gone(self.client_fd)
 
+    def place_due(self) -> bool:
+        return time.monotonic() - self._renewed >= self.held.seconds / 3
+
     def keep_place(self) -> None:
-        if time.monotonic() - self._renewed < self.held.seconds / 3:
-            return
         self._renewed = time.monotonic()
         if not self.held.renew():
             self.done = True
 
+    def failed(self, exc: Exception) -> str:
+        logger.error("a2a.stream_failed task=%s", self.task_id, exc_info=exc)
+        return self.error_frame(exc)
+
     def release(self) -> None:
         self.held.release()
-
-
-def _limits() -> tuple[float, float]:
-    return float(app_settings.STREAM_KEEPALIVE_SECONDS), float(app_settings.STREAM_MAX_SECONDS)
-
-
-def sync_frames(follower: TaskFollower, frame, error_frame):
-    """Drive a stream from a WSGI worker thread."""
-    keepalive, limit = _limits()
-    started = time.monotonic()
-    try:
-        yield frame(follower.first())
-        with hub.subscribe(conversation_key(follower.conversation_id)) as woken:
-            sent = time.monotonic()
-            while not follower.done and time.monotonic() - started < limit:
-                woken.clear()
-                items = follower.poll()
-                if items:
-                    yield "".join(frame(i) for i in items)
-                    sent = time.monotonic()
-                    continue
-                if follower.gone():
-                    break
-                follower.keep_place()
-                if time.monotonic() - sent >= keepalive:
-                    yield KEEPALIVE
-                    sent = time.monotonic()
-                woken.wait(POLL)
-    except GeneratorExit:
-        raise
-    except Exception as exc:
-        logger.exception("a2a.stream_failed task=%s", follower.task_id)
-        yield error_frame(exc)
-    finally:
-        follower.release()
-
-
-async def async_frames(follower: TaskFollower, frame, error_frame):
-    """Drive a stream from the event loop (ASGI); the ORM runs in the request's thread."""
-    keepalive, limit = _limits()
-    started = time.monotonic()
-    try:
-        yield frame(await sync_to_async(follower.first)())
-        with hub.subscribe(conversation_key(follower.conversation_id)) as woken:
-            sent = time.monotonic()
-            while not follower.done and time.monotonic() - started < limit:
-                woken.clear()
-                items = await sync_to_async(follower.poll)()
-                if items:
-                    yield "".join(frame(i) for i in items)
-                    sent = time.monotonic()
-                    continue
-                await sync_to_async(follower.keep_place)()
-                if time.monotonic() - sent >= keepalive:
-                    yield KEEPALIVE
-                    sent = time.monotonic()
-                waited = 0.0
-                while waited < POLL and not woken.is_set():
-                    await asyncio.sleep(0.02)
-                    waited += 0.02
-    except (GeneratorExit, asyncio.CancelledError):
-        raise
-    except Exception as exc:
-        logger.exception("a2a.stream_failed task=%s", follower.task_id)
-        yield error_frame(exc)
-    finally:
-        await sync_to_async(follower.release)()

@@ -29,7 +29,6 @@ from a2a.utils.errors import (
     VersionNotSupportedError,
 )
 from a2a.utils.proto_utils import parse_params
-from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
 from django.views import View
 from google.protobuf import json_format
@@ -39,8 +38,7 @@ from rest_framework.views import set_rollback
 from .. import registry
 from ..api import body as api_body
 from ..api import errors as api_errors
-from ..api import slots
-from ..api.streams import StreamResponse
+from ..api import slots, streams
 from ..api.throttling import ScopeThrottle
 from ..api.views import AppPolicies
 from ..conf import app_settings
@@ -185,11 +183,17 @@ class A2AView(AppPolicies):
 
     def streaming(self, task_id: str, frame, error_frame, sent=None, held=None):
         held = held if held is not None else self.stream_place()
-        asgi = isinstance(self.request._request, ASGIRequest)
-        client = None if asgi else slots.client_socket(self.request._request)
-        follower = stream.TaskFollower(self.call, task_id, held=held, client_fd=client, sent=sent)
-        driver = stream.async_frames if asgi else stream.sync_frames
-        return StreamResponse(driver(follower, frame, error_frame), follower)
+        request = self.request._request
+        follower = stream.TaskFollower(
+            self.call,
+            task_id,
+            frame,
+            error_frame,
+            held=held,
+            client_fd=slots.client_socket(request),  # None under ASGI
+            sent=sent,
+        )
+        return streams.serve(follower, request)
 
 
 def _grpc(status: int) -> str:

@@ -6,7 +6,6 @@ The REST stream answers only a conversation's owner; this view serves the same f
 handful of operators, and each stream still closes after STREAM_MAX_SECONDS (the script reopens it).
 """
 
-from django.core.handlers.asgi import ASGIRequest
 from django.http import Http404, HttpRequest
 
 from ..api import slots, streams
@@ -17,13 +16,7 @@ def stream(request: HttpRequest, task: Task) -> streams.StreamResponse:
     """The event stream of `task`'s conversation, from now on (snapshot, then new events)."""
     if task is None:
         raise Http404
-    asgi = isinstance(request, ASGIRequest)
     events = streams.EventStream(
-        task.conversation_id,
-        task.pk,
-        None,
-        False,
-        client_fd=None if asgi else slots.client_socket(request),
+        task.conversation_id, task.pk, None, False, client_fd=slots.client_socket(request)
     )
-    content = streams.async_stream(events) if asgi else streams.sync_stream(events)
-    return streams.StreamResponse(content, events)
+    return streams.serve(events, request)

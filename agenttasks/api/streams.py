@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
 from .. import deltas
@@ -111,6 +112,10 @@ class EventStream:
         self.detach()
         self.held.release()
 
+    def failed(self, exc: Exception) -> str:
+        logger.error("api.stream_failed conversation=%s", self.conversation_id, exc_info=exc)
+        return ERROR_FRAME
+
     # --- transient deltas (message.delta: never stored, no id, never replayed) ----------------
 
     def attach(self, woken) -> None:
@@ -128,6 +133,10 @@ class EventStream:
             deltas.unsubscribe(self.conversation_id, self._reader)
             self._reader = None
 
+    def pending(self) -> str:
+        """What waits to be sent without reading the database: the deltas received."""
+        return self.delta_frames()
+
     def delta_frames(self) -> str:
         """The deltas received since the last call, as `message.delta` frames without `id:`."""
         out = []
@@ -139,6 +148,10 @@ class EventStream:
         return "".join(out)
 
     # --- reads (each runs in a thread that may use the ORM) -----------------------------------
+
+    def opening(self) -> list[str]:
+        """The snapshot, then the replay of the events after the resume point."""
+        return [self.snapshot(), self.replay()]
 
     def snapshot(self) -> str:
         """The first message: the conversation's state now. Sets the resume point."""
@@ -227,22 +240,42 @@ def _settings() -> tuple[float, float]:
     return float(app_settings.STREAM_KEEPALIVE_SECONDS), float(app_settings.STREAM_MAX_SECONDS)
 
 
-def sync_stream(stream: EventStream):
+class Follower(Protocol):
+    """What a stream driver follows: an EventStream here, an A2A TaskFollower (a2a/stream.py).
+
+    `opening` and `poll` read the database (under ASGI in the request's thread); `pending` does
+    not. A follower sets `done` when it has sent its last frame.
+    """
+
+    conversation_id: str
+    done: bool
+
+    def attach(self, woken) -> None: ...
+    def opening(self) -> list[str]: ...
+    def poll(self) -> str: ...
+    def pending(self) -> str: ...
+    def client_gone(self) -> bool: ...
+    def place_due(self) -> bool: ...
+    def keep_place(self) -> None: ...
+    def failed(self, exc: Exception) -> str: ...
+    def release(self) -> None: ...
+
+
+def sync_stream(stream: Follower):
     """Drive a stream from a WSGI worker thread."""
     keepalive, limit = _settings()
     started = time.monotonic()
     try:
         with hub.subscribe(conversation_key(stream.conversation_id)) as woken:
             stream.attach(woken)
-            yield stream.snapshot()
-            text = stream.replay()
-            if text:
-                yield text
+            for text in stream.opening():
+                if text:
+                    yield text
             sent = time.monotonic()
             while not stream.done and time.monotonic() - started < limit:
                 woken.clear()
                 # Deltas first: a reply's pieces come before the message that stores it.
-                text = stream.delta_frames() + stream.poll()
+                text = stream.pending() + stream.poll()
                 if text:
                     yield text
                     sent = time.monotonic()
@@ -257,28 +290,26 @@ def sync_stream(stream: EventStream):
                 woken.wait(POLL)
     except GeneratorExit:
         raise
-    except Exception:
-        logger.exception("api.stream_failed conversation=%s", stream.conversation_id)
-        yield ERROR_FRAME
+    except Exception as exc:
+        yield stream.failed(exc)
     finally:
         stream.release()
 
 
-async def async_stream(stream: EventStream):
+async def async_stream(stream: Follower):
     """Drive a stream from the event loop (ASGI); the ORM runs in the request's thread."""
     keepalive, limit = _settings()
     started = time.monotonic()
     try:
         with hub.subscribe(conversation_key(stream.conversation_id)) as woken:
             stream.attach(woken)
-            yield await sync_to_async(stream.snapshot)()
-            text = await sync_to_async(stream.replay)()
-            if text:
-                yield text
+            for text in await sync_to_async(stream.opening)():
+                if text:
+                    yield text
             sent = time.monotonic()
             while not stream.done and time.monotonic() - started < limit:
                 woken.clear()
-                text = stream.delta_frames() + await sync_to_async(stream.poll)()
+                text = stream.pending() + await sync_to_async(stream.poll)()
                 if text:
                     yield text
                     sent = time.monotonic()
@@ -296,25 +327,24 @@ async def async_stream(stream: EventStream):
                     waited += 0.02
     except (GeneratorExit, asyncio.CancelledError):
         raise
-    except Exception:
-        logger.exception("api.stream_failed conversation=%s", stream.conversation_id)
-        yield ERROR_FRAME
+    except Exception as exc:
+        yield stream.failed(exc)
     finally:
         # Also after a disconnect (the server cancels this task): give the place back now.
         await sync_to_async(stream.release)()
 
 
-class Releasing(Protocol):
-    """What holds a stream's place (an EventStream here, a TaskFollower for A2A)."""
-
-    def release(self) -> None: ...
+def serve(stream: Follower, request) -> "StreamResponse":
+    """The streaming response of a follower, driven as the server runs (WSGI or ASGI)."""
+    asgi = isinstance(request, ASGIRequest)
+    return StreamResponse(async_stream(stream) if asgi else sync_stream(stream), stream)
 
 
 class StreamResponse(StreamingHttpResponse):
     """An SSE response that gives its place back when the server closes it, even if it never
     started iterating (a generator that never ran has no `finally` to run)."""
 
-    def __init__(self, content, stream: Releasing):
+    def __init__(self, content, stream: Follower):
         super().__init__(content, content_type="text/event-stream")
         self.stream = stream
         self["Cache-Control"] = "no-cache"

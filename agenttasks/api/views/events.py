@@ -1,6 +1,5 @@
 """A conversation's event log (docs/rest.md#events): read after a seq, or follow it live."""
 
-from django.core.handlers.asgi import ASGIRequest
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.response import Response
@@ -99,14 +98,12 @@ class EventStreamView(ApiView):
             app_settings.MAX_STREAMS_PER_USER,
             app_settings.SLOT_LEASE_SECONDS,
         )
-        asgi = isinstance(request._request, ASGIRequest)
         stream = streams.EventStream(
             conversation.id,
             own_task.id if own_task else None,
             resume,
             until is not None,
             held=held,
-            client_fd=None if asgi else slots.client_socket(request._request),
+            client_fd=slots.client_socket(request._request),  # None under ASGI
         )
-        content = streams.async_stream(stream) if asgi else streams.sync_stream(stream)
-        return streams.StreamResponse(content, stream)
+        return streams.serve(stream, request._request)
