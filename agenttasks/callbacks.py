@@ -168,8 +168,9 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
         callback_version=version
     ):
         return None  # this ending's callback was already sent (a job delivered twice)
+    # A delete always wins: a task whose tree is being deleted (or is gone) is owed nothing.
     task = (
-        Task.objects.filter(pk=task_id)
+        Task.objects.filter(pk=task_id, conversation__deleting_at__isnull=True)
         .only("id", "callback_url", "error", "conversation_id")
         .first()
     )

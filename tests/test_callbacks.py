@@ -52,6 +52,15 @@ def outcome_events(task):
 
 
 @override_settings(AGENTTASKS=ALLOW_LOOPBACK)
+def test_a_task_whose_tree_is_being_deleted_sends_no_callback(user, receiver):
+    # The ending a delete's stop causes comes after the tree is marked: its callback is not sent.
+    task = ended(user, "cancelled", receiver.url)
+    store.mark_deleting(task.conversation_id)
+    assert callbacks.send(task.id, "cancelled", task.version) is None
+    assert receiver.requests == [] and outcome_events(task) == []
+
+
+@override_settings(AGENTTASKS=ALLOW_LOOPBACK)
 def test_delivered_payload_and_event(user, receiver):
     task = ended(user, "completed", receiver.url)
     callbacks.send(task.id, "completed", task.version)
