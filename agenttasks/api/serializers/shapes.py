@@ -158,7 +158,8 @@ class TaskValues(Shape):
 class TaskSerializer(TaskValues):
     """A task."""
 
-    # present(task, files=rows) takes the task's File rows when the caller already has them.
+    # present(task, files=[...]) takes the task's files when the caller has them (File rows, or
+    # the uploads just stored: anything with ref()), saving a query.
 
     id = serializers.CharField()
     agentId = serializers.CharField(source="agent")
