@@ -68,9 +68,9 @@ class TaskFollower:
             if self.sent.task.status in ENDS:
                 self.done = True
             return self._dict(pb.StreamResponse(task=self.sent.message))
-        task = Task.objects.select_related("run").get(pk=self.task_id)
+        # The resume point is read before the task, so the Task sent is at least that new.
         self.last = (
-            Conversation.objects.filter(pk=task.conversation_id)
+            Conversation.objects.filter(pk=self.conversation_id)
             .values_list("last_seq", flat=True)
             .first()
             or 0

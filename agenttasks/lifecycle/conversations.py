@@ -65,8 +65,9 @@ def post_message(
     if uploads:
         existing = File.objects.filter(conversation_id=conversation_id).count()
         files.check(conversation.agent, rules, list(uploads), existing)
-    own_task = Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True)
-    task_id = own_task.first()
+    task_id = (
+        Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True).first()
+    )
     refs = [u.ref() for u in uploads] or None
     with files.kept_only_on_success() as written, transaction.atomic():
         if task_id is None:
