@@ -21,6 +21,7 @@ class AgentTasksConfig(AppConfig):
             forking,
             queue,
             reaper,
+            worker,
         )
 
         # django-q2 forks its workers from a process that may hold pooled connections.
@@ -31,7 +32,9 @@ class AgentTasksConfig(AppConfig):
             _delete_users_work, sender=settings.AUTH_USER_MODEL, dispatch_uid="agenttasks.user"
         )
 
-        # Each django-q2 worker process runs the reaper at start and then every REAP_INTERVAL.
+        # Each django-q2 worker process holds many runs in flight, one per slot, and runs the
+        # reaper at start and then every REAP_INTERVAL.
+        queue.on_worker_start(worker.start_pool)
         queue.on_worker_start(reaper.start_ticker)
 
         # A2A push notifications follow every task update (docs/a2a.md), with the `a2a` extra.

@@ -9,6 +9,7 @@ from django.utils.module_loading import import_string
 
 from . import forking, registry
 from .conf import DEFAULTS, app_settings
+from .worker import slots_per_process
 
 REQUIRED_APPS = ("rest_framework", "django_q")
 
@@ -128,27 +129,24 @@ def check_cluster(app_configs=None, **kwargs):
     return []
 
 
-@register()
-def check_deadlines(app_configs=None, **kwargs):
-    """Every agent's deadline comes before django-q2 kills the worker."""
-    timeout = (getattr(settings, "Q_CLUSTER", None) or {}).get("timeout")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
+@register(Tags.database)
+def check_worker_connections(app_configs=None, databases=None, **kwargs):
+    """On PostgreSQL a worker process's runs in flight share a pool of connections."""
+    conn = connections["default"]
+    if conn.vendor != "postgresql" or (conn.settings_dict.get("OPTIONS") or {}).get("pool"):
         return []
-    try:
-        agents = registry.agents()
-    except ImproperlyConfigured:
-        return []  # reported by check_agents (E004)
+    slots = slots_per_process()
+    if slots <= 1:
+        return []
     return [
         Warning(
-            f"agent {agent.id!r}: its timeout ({format(agent.timeout, 'g')} s) is not below "
-            f"Q_CLUSTER['timeout'] ({format(timeout, 'g')} s), so django-q2 kills the worker "
-            "before the agent's deadline can stop the run.",
-            hint="Set the agent's timeout_seconds (or AGENTTASKS DEFAULT_TIMEOUT) below "
-            "Q_CLUSTER['timeout'], or raise Q_CLUSTER['timeout'] (and 'retry' above it).",
-            id="agenttasks.W009",
+            f"Database 'default' is PostgreSQL without a connection pool, and each worker "
+            f"process holds up to {slots} runs in flight (WORKER_SLOTS): each of them connects "
+            "again whenever it talks to the database after waiting.",
+            hint='Set DATABASES["default"]["OPTIONS"]["pool"] (Django\'s psycopg pool) in the '
+            "settings that qcluster runs with (the README says how to size it).",
+            id="agenttasks.W010",
         )
-        for agent in agents
-        if agent.timeout >= timeout
     ]
 
 

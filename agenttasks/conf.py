@@ -34,6 +34,7 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "IDEMPOTENCY_TTL": 86_400,
     "IDEMPOTENCY_WAIT": 5,
     "DEFAULT_TIMEOUT": 600,
+    "SHUTDOWN_GRACE": 30,
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -46,6 +47,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAITS_PER_USER": 10,
     # 0 means no retries at all, so this one is not in NUMERIC_DEFAULTS either.
     "MODEL_RETRIES": 2,
+    # None: by database (worker.slots_per_process); MODEL_MAX_CONNECTIONS None: one per slot.
+    "WORKER_SLOTS": None,
+    "MODEL_MAX_CONNECTIONS": None,
     "CONTINUE": {},
     "DESCRIBE_STATE": {},
     "AGENTS": {},
@@ -131,6 +135,9 @@ class AppSettings:
             if isinstance(raw, str):
                 raw = import_string(raw)()
             return int(_positive_number(raw, default))
+        if name in ("WORKER_SLOTS", "MODEL_MAX_CONNECTIONS"):
+            given = _positive_number(raw, None)
+            return int(given) if given else None
         if name in ZERO_ALLOWED:
             return int(raw) if isinstance(raw, int) and raw >= 0 else default
         if name in ENVIRONMENT_FALLBACKS:

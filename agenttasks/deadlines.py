@@ -15,13 +15,13 @@ from . import lifecycle, registry, store, wakeups
 from .conf import app_settings
 from .models import Run
 from .states import TaskStatus
-from .store.sweeps import KILLED_PREFIX
 from .types import Ending, RunOutcome
 
 logger = logging.getLogger(__name__)
 
 KILLED_TEXT = (
-    KILLED_PREFIX + " of {seconds} s (Q_CLUSTER['timeout']), before the agent's own deadline"
+    "Stopped by django-q2 after its timeout of {seconds} s (Q_CLUSTER['timeout']), "
+    "before the agent's own deadline"
 )
 
 
@@ -40,15 +40,6 @@ def killed_text() -> str:
     """The error of a run that django-q2 stopped at its own timeout."""
     seconds = q_timeout()
     return KILLED_TEXT.format(seconds="?" if seconds is None else format(seconds, "g"))
-
-
-def last_words(run_id: str, worker: str) -> None:
-    """Record on a running run, as django-q2's timeout comes, that it is about to be killed.
-
-    If django-q2 then kills the worker outright, the reaper fails the run with this text rather
-    than the orphan text; if the run ends anyway, its ending replaces it.
-    """
-    store.record_last_words(run_id, worker, killed_text())
 
 
 def timeout_of(agent_id: str) -> float:

@@ -1,8 +1,9 @@
 """Health: is the database reachable, and has any cluster run the reaper lately (docs/rest.md#health).
 
-The reaper records each pass in one row (`ReaperPass`), so any web process on any node can tell
-whether some cluster is alive. A check is one query; with details, still one (a single statement
-reads the pass, the queue and the expired leases).
+The reaper records each pass in one row (`ReaperPass`), and each worker process its slots
+(`WorkerProcess`), so any web process on any node can tell whether some cluster is alive and
+whether every slot is busy. A check is one statement, with details too (it reads the pass, the
+slots, the queue and the expired leases).
 """
 
 import os
@@ -16,7 +17,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from .conf import app_settings
-from .models import ReaperPass, Run
+from .models import ReaperPass, Run, WorkerProcess
 from .states import RunStatus
 
 REAPER = "reaper"
@@ -35,15 +36,26 @@ def reaper_window() -> float:
     return 3 * app_settings.REAP_INTERVAL
 
 
-def _details_sql() -> str:
+def _check_sql(details: bool) -> str:
+    """One statement: the last pass, the live worker processes' slots, and with `details` the
+    queue and the expired leases."""
     runs, passes = Run._meta.db_table, ReaperPass._meta.db_table
-    return f"""
-        SELECT p.finished_at, p.node,
+    workers = WorkerProcess._meta.db_table
+    figures = (
+        f""",
             (SELECT COUNT(*) FROM {runs} WHERE status = %s),
             (SELECT MIN(queued_at) FROM {runs} WHERE status = %s),
             (SELECT COUNT(*) FROM {runs} WHERE status = %s
-                AND (heartbeat_at < %s OR (heartbeat_at IS NULL AND started_at < %s)))
+                AND (heartbeat_at < %s OR (heartbeat_at IS NULL AND started_at < %s)))"""
+        if details
+        else ""
+    )
+    return f"""
+        SELECT p.finished_at, p.node, w.processes, w.slots, w.busy{figures}
         FROM (SELECT 1 AS one) AS o LEFT JOIN {passes} AS p ON p.name = %s
+        CROSS JOIN (SELECT COUNT(*) AS processes, COALESCE(SUM(slots), 0) AS slots,
+                           COALESCE(SUM(busy), 0) AS busy
+                      FROM {workers} WHERE seen_at >= %s) AS w
     """
 
 
@@ -62,26 +74,13 @@ def check(*, details: bool) -> tuple[bool, dict]:
     now = timezone.now()
     reasons: list[str] = []
     started = time.perf_counter()
+    cutoff = now - timedelta(seconds=app_settings.LEASE_TIMEOUT)
+    params: list = [RunStatus.QUEUED, RunStatus.QUEUED, RunStatus.RUNNING, cutoff, cutoff]
     try:
-        if details:
-            cutoff = now - timedelta(seconds=app_settings.LEASE_TIMEOUT)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    _details_sql(),
-                    [
-                        RunStatus.QUEUED,
-                        RunStatus.QUEUED,
-                        RunStatus.RUNNING,
-                        cutoff,
-                        cutoff,
-                        REAPER,
-                    ],
-                )
-                last, node, queued, oldest, expired = cursor.fetchone()
-        else:
-            row = ReaperPass.objects.filter(pk=REAPER).values_list("finished_at", "node").first()
-            last, node = row if row else (None, None)
-            queued = oldest = expired = None
+        with connection.cursor() as cursor:
+            cursor.execute(_check_sql(details), [*(params if details else []), REAPER, cutoff])
+            last, node, processes, slots, busy, *figures = cursor.fetchone()
+        queued, oldest, expired = figures if details else (None, None, None)
     except DatabaseError as exc:
         return False, {"status": "degraded", "reasons": [f"database unreachable: {exc}".strip()]}
     round_trip = time.perf_counter() - started
@@ -93,6 +92,10 @@ def check(*, details: bool) -> tuple[bool, dict]:
         age = round((now - last).total_seconds())
         reasons.append(f"no reaper pass within {format(window, 'g')} s (the last was {age} s ago)")
     body: dict = {"status": "degraded", "reasons": reasons} if reasons else {"status": "ok"}
+    slots, busy = int(slots), int(busy)
+    if processes and busy >= slots:
+        # Not a fault: new runs wait in the queue until a slot frees (docs/rest.md#health).
+        body["saturated"] = f"every worker slot is busy ({busy} runs in flight in {slots} slots)"
     if details:
         body["details"] = {
             "database": {"roundTripMs": round(round_trip * 1000, 2)},
@@ -105,6 +108,12 @@ def check(*, details: bool) -> tuple[bool, dict]:
                 "oldestQueuedAgeSeconds": None if oldest is None else _age(now, oldest),
             },
             "leases": {"expired": expired},
+            "workers": {
+                "processes": processes,
+                "slots": slots,
+                "inFlight": busy,
+                "freeSlots": max(slots - busy, 0),
+            },
         }
     return not reasons, body
 

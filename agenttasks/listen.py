@@ -10,9 +10,11 @@ Waiters still poll, so nothing depends on delivery.
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Protocol
 
 from django.db import connections
 
@@ -40,17 +42,24 @@ def stop_key(run_id: str) -> str:
     return "stop:" + run_id
 
 
+class Waiter(Protocol):
+    """What a publication sets: a threading.Event, or anything else with `set()`."""
+
+    def set(self) -> None: ...
+
+
 class Hub:
     """A registry of in-process waiters by key, fed locally and by PostgreSQL notifications."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = defaultdict(set)
+        self._waiters: dict[str, set[Waiter]] = defaultdict(set)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._channels: set[str] = set()  # the channels some waiter of this process needs
         self._handlers: dict[str, Callable[[str], None]] = {}  # channels whose payload is data
         self.listening: set[str] = set()  # the channels the listener has LISTENed to
+        self._repeats: dict[tuple[str, str], tuple[float, float]] = {}  # -> (every, next at)
         self.enabled = True  # tests turn in-process wake-ups off to prove the polling path
 
     @contextmanager
@@ -63,7 +72,7 @@ class Hub:
         finally:
             self.discard(key, event)
 
-    def add(self, key: str, event: threading.Event, *, listen: bool = True) -> None:
+    def add(self, key: str, event: Waiter, *, listen: bool = True) -> None:
         """Set `event` whenever `key` is published, until discarded.
 
         `listen=False` takes only this process's own publications, not other processes' writes.
@@ -82,7 +91,20 @@ class Hub:
             self._channels.add(channel)
         self._ensure_listening()
 
-    def discard(self, key: str, event: threading.Event) -> None:
+    def repeat(self, channel: str, payload: str, every: float) -> None:
+        """Notify `channel` with `payload` now and every `every` seconds, until told to stop.
+
+        The first is sent once the listener LISTENs to every channel asked for before it.
+        """
+        with self._lock:
+            self._repeats[(channel, payload)] = (every, 0.0)
+        self._ensure_listening()
+
+    def stop_repeating(self, channel: str, payload: str) -> None:
+        with self._lock:
+            self._repeats.pop((channel, payload), None)
+
+    def discard(self, key: str, event: Waiter) -> None:
         with self._lock:
             waiters = self._waiters.get(key)
             if waiters is not None:
@@ -119,27 +141,27 @@ class Hub:
             thread.join(5)
         self._thread = None
 
-    def _listen(self) -> None:
-        import psycopg  # lazily: an optional dependency, needed on PostgreSQL only
+    def _send_repeats(self, conn) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [key for key, (_, at) in self._repeats.items() if at <= now]
+            for key in due:
+                self._repeats[key] = (self._repeats[key][0], now + self._repeats[key][0])
+        for channel, payload in due:
+            conn.execute("SELECT pg_notify(%s, %s)", [channel, payload])
 
+    def _listen(self) -> None:
         while not self._stop.is_set():
             try:
-                settings = connections["default"].settings_dict
-                params = {
-                    "dbname": settings["NAME"],
-                    "user": settings.get("USER") or None,
-                    "password": settings.get("PASSWORD") or None,
-                    "host": settings.get("HOST") or None,
-                    "port": settings.get("PORT") or None,
-                }
-                with psycopg.connect(
-                    autocommit=True, **{k: v for k, v in params.items() if v}
-                ) as conn:
+                with raw_connection(connections["default"].settings_dict) as conn:
                     listening = self.listening = set()
+                    with self._lock:  # a new session: say every repeated notification again
+                        self._repeats = {k: (every, 0.0) for k, (every, _) in self._repeats.items()}
                     while not self._stop.is_set():
                         for channel in self._channels - listening:
                             conn.execute(f"LISTEN {channel}")
                             listening.add(channel)
+                        self._send_repeats(conn)
                         for note in conn.notifies(timeout=LISTEN_POLL):
                             handler = self._handlers.get(note.channel)
                             if handler is not None:
@@ -151,6 +173,20 @@ class Hub:
                     return
                 logger.warning("listen.reconnect", exc_info=True)
                 self._stop.wait(1.0)
+
+
+def raw_connection(settings: dict):
+    """A psycopg connection of its own (autocommit) to the database of Django's `settings`."""
+    import psycopg  # lazily: an optional dependency, needed on PostgreSQL only
+
+    params = {
+        "dbname": settings["NAME"],
+        "user": settings.get("USER") or None,
+        "password": settings.get("PASSWORD") or None,
+        "host": settings.get("HOST") or None,
+        "port": settings.get("PORT") or None,
+    }
+    return psycopg.connect(autocommit=True, **{k: v for k, v in params.items() if v})
 
 
 hub = Hub()

@@ -23,7 +23,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from .conf import app_settings
-from .models import Counter, Run, Task, TaskCount
+from .models import Counter, Run, Task, TaskCount, WorkerProcess
 from .states import RunStatus, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,32 @@ class _Collector:
             "Running runs whose heartbeat is older than LEASE_TIMEOUT.",
             value=lease_expired_count(cutoff),
         )
+        yield from _slots(cutoff)
         yield from _counters(Counter.objects.values_list("name", "labels", "value"))
+
+
+def _slots(seen_since):
+    """Each node's slots, runs in flight and free slots, from its live worker processes."""
+    nodes = (
+        WorkerProcess.objects.filter(seen_at__gte=seen_since)
+        .order_by("node")
+        .values_list("node")
+        .annotate(slots=Sum("slots"), busy=Sum("busy"))
+    )
+    slots = GaugeMetricFamily(
+        "agenttasks_worker_slots", "Slots of the live worker processes.", labels=["node"]
+    )
+    in_flight = GaugeMetricFamily(
+        "agenttasks_runs_in_flight", "Runs the worker processes hold.", labels=["node"]
+    )
+    free = GaugeMetricFamily(
+        "agenttasks_worker_slots_free", "Slots free for another run.", labels=["node"]
+    )
+    for node, total, busy in nodes:
+        slots.add_metric([node], total)
+        in_flight.add_metric([node], busy)
+        free.add_metric([node], max(total - busy, 0))
+    yield from (slots, in_flight, free)
 
 
 def _counters(rows):

@@ -6,10 +6,12 @@ Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endi
 import functools
 import hashlib
 import logging
+import multiprocessing
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Q
@@ -20,9 +22,10 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.exceptions import TimeoutException
 from django_q.models import Failure, OrmQ, Schedule
-from django_q.signals import post_spawn
+from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
+from django_q.worker import rss_check
 
 logger = logging.getLogger(__name__)
 
@@ -264,4 +267,62 @@ def _lock_schedules(name: str) -> None:
 
 def on_worker_start(receiver) -> None:
     """Call `receiver()` whenever a django-q2 worker process starts."""
-    post_spawn.connect(receiver, dispatch_uid="agenttasks.worker_start", weak=False)
+    uid = f"agenttasks.worker_start:{receiver.__module__}.{receiver.__qualname__}"
+    post_spawn.connect(receiver, dispatch_uid=uid, weak=False)
+
+
+def on_job_start(receiver) -> None:
+    """Call `receiver()` before each job this django-q2 worker process executes."""
+    pre_execute.connect(receiver, dispatch_uid="agenttasks.job_start", weak=False)
+
+
+def on_job_end(receiver) -> None:
+    """Call `receiver(timed_out=…)` after each job this django-q2 worker process executes.
+
+    `timed_out` says whether django-q2 stopped the job at its `timeout` (it then replaces the
+    process).
+    """
+
+    def ended(sender, task=None, **kwargs):
+        failed = not (task or {}).get("success", True)
+        receiver(timed_out=failed and "TimeoutException" in str((task or {}).get("result")))
+
+    post_execute_in_worker.connect(ended, dispatch_uid="agenttasks.job_end", weak=False)
+
+
+def guard_task_queue() -> None:
+    """Make this worker wait for its next job without holding the queue's read lock.
+
+    django-q2's workers read their jobs from one multiprocessing queue, whose `get()` holds a
+    lock shared by every worker while it waits for data. A worker killed while it waits (SIGKILL,
+    the OOM killer) takes the lock with it, and no worker of the cluster gets a job again. A
+    worker that holds runs in its slots waits for jobs nearly all the time, so here it waits for
+    data with no lock held, and takes the lock only to read a job that has arrived.
+    """
+    process = multiprocessing.current_process()
+    task_queue: Any = (getattr(process, "_args", None) or (None,))[0]
+    needed = ("_reader", "_rlock", "_recv_bytes", "_sem")
+    if not all(hasattr(task_queue, name) for name in needed):
+        logger.warning("queue.unguarded: django-q2's task queue is not the one expected")
+        return
+    loads = multiprocessing.reduction.ForkingPickler.loads
+
+    def get(block=True, timeout=None):
+        while True:
+            task_queue._reader.poll(None)  # until a job arrives, holding nothing
+            with task_queue._rlock:
+                if not task_queue._reader.poll(0):
+                    continue  # another worker took it
+                data = task_queue._recv_bytes()
+            task_queue._sem.release()
+            return loads(data)
+
+    task_queue.get = get
+
+
+def recycles_after(jobs: int) -> bool:
+    """Whether django-q2 retires a worker process after it started `jobs` jobs.
+
+    It does after `recycle` jobs, or once the process outgrew `max_rss`.
+    """
+    return bool(Conf.RECYCLE and jobs >= Conf.RECYCLE) or bool(rss_check())

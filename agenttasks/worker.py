@@ -1,23 +1,52 @@
-"""Execute one run on a django-q2 worker: the job queue.py enqueues.
+"""Execute runs on django-q2 workers: a worker process holds many runs in flight, one per slot.
 
-A second delivery of the same run is a no-op (the claim is a compare-and-set); the run driver
-does the rest.
+A run mostly waits on its model, its tools or its children, so a worker process gives each
+claimed run a slot (a thread of its own) instead of its whole self (docs/architecture.md#in-flight-runs).
+The job queue.py enqueues for a run (`execute_run`) wakes this process's claimer and returns at
+once; the claimer claims queued runs, the job's first and then the oldest, several in one
+statement, while the process has free slots, and again whenever a slot frees while runs are
+still queued. So a backlog is drained by the processes that hold runs, not by one job per run,
+and the queued runs wait in the database. A second delivery of a run is harmless: the claim is
+a compare-and-set.
+
+Outside a worker process (a test, django-q2's sync mode) `execute_run` claims its run and
+executes it in the calling thread.
 """
 
 import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import util as multiprocessing_util
 
-from . import store
+from django.db import connection
+from django.utils import timezone
+
+from . import deltas, queue, store
+from .conf import app_settings
 from .exceptions import RunNotFound
-from .runtime.driver import drive, reconnecting, worker_identity
+from .models import Run, WorkerProcess
+from .runtime.base import release_connection
+from .runtime.driver import HOST, beater, drive, reconnecting, worker_identity
 
 logger = logging.getLogger(__name__)
 
+SQLITE_SLOTS = 4  # one writer: a few runs in flight per process keep it from queueing up
+POSTGRES_SLOTS = 100
+CLAIM_RETRY = 1.0  # seconds before a claim that failed is tried again
+
 
 def execute_run(run_id: str) -> None:
-    """Claim a queued run and execute it (the django-q2 job enqueued by queue.py).
+    """Hand a queued run to this worker process's slots (the django-q2 job queue.py enqueues).
 
-    django-q2 closes stale database connections before every job; nothing else is needed here.
+    In a worker process this returns at once; elsewhere the run executes in this thread.
     """
+    pool = _pool
+    if pool is not None and pool.pid == os.getpid():
+        pool.offer(run_id)
+        return
     worker = worker_identity()
     try:
         run = reconnecting(lambda: store.claim(run_id, worker))
@@ -28,3 +57,200 @@ def execute_run(run_id: str) -> None:
         logger.debug("worker.not_claimed run=%s", run_id)
         return
     drive(run, worker)
+
+
+def slots_per_process() -> int:
+    """WORKER_SLOTS, or the default of the database: 100 on PostgreSQL, 4 on SQLite."""
+    configured = app_settings.WORKER_SLOTS
+    if configured:
+        return int(configured)
+    return POSTGRES_SLOTS if connection.vendor == "postgresql" else SQLITE_SLOTS
+
+
+class RunPool:
+    """This worker process's slots: each executes one claimed run in a thread of its own."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.pid = os.getpid()
+        self.identity = worker_identity()
+        self.started_at = timezone.now()
+        self._lock = threading.Condition()
+        self.held = 0  # slots taken: runs in flight, and claims under way
+        self.jobs = 0  # django-q2 jobs this process started (its recycle count)
+        self.timed_out = False  # django-q2 stopped a job of this process at its timeout
+        self.first: list[str] = []  # the runs of jobs delivered since the last claim
+        self.backlog = True  # runs may be queued that nobody here has tried to claim
+        self.retiring = False
+        self._wanted = threading.Event()
+        self._threads = ThreadPoolExecutor(size, thread_name_prefix="agenttasks-slot")
+        threading.Thread(target=self._claim_loop, name="agenttasks-claimer", daemon=True).start()
+        beater().report(self.report)
+        self._wanted.set()  # claim what queued up while no process had a free slot
+
+    # the jobs -------------------------------------------------------------------------------
+    def offer(self, run_id: str) -> None:
+        """Take the job of a run: claim it (and more) when a slot is free, else later."""
+        with self._lock:
+            retiring = self.retiring
+            if not retiring:
+                self.backlog = True
+                if len(self.first) < self.size:
+                    self.first.append(run_id)
+        if retiring:
+            # This process claims nothing more: another one takes the run.
+            queue.enqueue_run(run_id)
+            return
+        self._wanted.set()
+
+    # claiming -------------------------------------------------------------------------------
+    def _claim_loop(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            try:
+                self._claim()
+            except Exception:  # the claimer must outlive any one claim
+                logger.exception("worker.claimer_failed")
+
+    def _claim(self) -> None:
+        """Claim runs for the free slots, in one statement."""
+        with self._lock:
+            free = self.size - self.held
+            if self.retiring or free <= 0 or not self.backlog:
+                return
+            first, self.first = self.first, []
+            self.backlog = False  # a job delivered during the claim sets it again
+            self.held += free
+        runs: list[Run] = []
+        try:
+            runs = reconnecting(lambda: store.claim_many(self.identity, free, first))
+        except Exception:
+            logger.exception("worker.claim_failed free=%d", free)
+            with self._lock:
+                self.backlog = True
+            threading.Timer(CLAIM_RETRY, self._wanted.set).start()
+        finally:
+            release_connection()
+        with self._lock:
+            self.held -= free - len(runs)
+            if len(runs) == free:
+                self.backlog = True  # all it asked for: there may be more
+            self._lock.notify_all()
+        for run in runs:
+            self._threads.submit(self._execute, run)
+
+    def _execute(self, run: Run) -> None:
+        try:
+            drive(run, self.identity)
+        except BaseException:
+            logger.exception("worker.slot_failed run=%s", run.id)
+        finally:
+            release_connection()
+            with self._lock:
+                self.held -= 1
+                more = self.backlog and not self.retiring
+                self._lock.notify_all()
+            if more:
+                self._wanted.set()
+
+    # reporting ------------------------------------------------------------------------------
+    def report(self, leases: store.Leases) -> None:
+        """Record this process's slots and runs in flight (at each of the heartbeat's beats)."""
+        with self._lock:
+            busy = self.held
+        leases.report(self.identity, HOST, self.size, busy, self.started_at)
+
+    # stopping -------------------------------------------------------------------------------
+    def retire(self, grace: float | None) -> int:
+        """Claim nothing more and wait for the runs in flight, up to `grace` seconds (None: all).
+
+        Returns how many runs are still in flight; the leases recover those once this process
+        is gone. The runs of jobs that reached this process unclaimed go back to the queue.
+        """
+        with self._lock:
+            self.retiring = True
+            handed_back, self.first = self.first, []
+        for run_id in handed_back:
+            try:
+                queue.enqueue_run(run_id)
+            except Exception:
+                logger.exception("worker.hand_back_failed run=%s", run_id)
+        with self._lock:
+            deadline = None if grace is None else time.monotonic() + grace
+            while self.held:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._lock.wait(left)
+            left_over = self.held
+        try:
+            WorkerProcess.objects.filter(pk=self.identity).delete()
+        except Exception:
+            logger.warning("worker.unregister_failed", exc_info=True)
+        return left_over
+
+    def count_job(self, **kwargs) -> None:
+        """Count a django-q2 job started here (connected to its pre_execute signal)."""
+        self.jobs += 1
+
+    def job_ended(self, *, timed_out: bool) -> None:
+        self.timed_out = self.timed_out or timed_out
+
+
+_pool: RunPool | None = None
+
+
+def start_pool(**kwargs) -> None:
+    """Give this django-q2 worker process its slots (connected to django-q2's worker start).
+
+    django-q2 ends a worker process after `recycle` jobs, after a job overran `timeout` (its
+    guard then replaces the process and sends it SIGTERM), and when the cluster stops (SIGTERM
+    to qcluster). The runs a process holds belong to none of its jobs: a recycled process, and
+    one whose job timed out, finish every run they hold before they exit; a stopping one gives
+    them SHUTDOWN_GRACE seconds, and the leases recover what is left. A SIGTERM sent to the
+    worker itself is a stop.
+    """
+    global _pool
+    if _pool is not None and _pool.pid == os.getpid():
+        return
+    _pool = pool = RunPool(slots_per_process())
+    if connection.vendor == "postgresql":
+        deltas.watch_followers()
+    queue.guard_task_queue()
+    queue.on_job_start(pool.count_job)
+    queue.on_job_end(pool.job_ended)
+    # Runs as the worker's loop ends, before the process joins its threads and exits.
+    multiprocessing_util.Finalize(pool, _at_exit, args=(pool,), exitpriority=100)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: _stop_soon(pool))
+    logger.info("worker.slots pid=%d slots=%d", pool.pid, pool.size)
+
+
+def _at_exit(pool: RunPool) -> None:
+    replaced = pool.timed_out or queue.recycles_after(pool.jobs)
+    left_over = pool.retire(None if replaced else float(app_settings.SHUTDOWN_GRACE))
+    if left_over:
+        _exit_leaving(left_over)
+
+
+def _stop_soon(pool: RunPool) -> None:
+    """SIGTERM: stop claiming, give the runs their grace, then exit (in a thread: a handler
+    must return). A process already on its way out (its loop has ended) goes on as it was."""
+    if pool.retiring:
+        return
+    threading.Thread(
+        target=_leave, args=(pool, float(app_settings.SHUTDOWN_GRACE)), daemon=True
+    ).start()
+
+
+def _leave(pool: RunPool, grace: float) -> None:
+    _exit_leaving(pool.retire(grace))
+
+
+def _exit_leaving(left_over: int) -> None:
+    """End this process now, its slot threads with it (those runs' leases recover them)."""
+    if left_over:
+        logger.warning("worker.stopped_with_runs count=%d (their leases recover them)", left_over)
+    logging.shutdown()
+    os._exit(0)

@@ -183,6 +183,7 @@ class Cluster:
     def __init__(self, workers: int, env: dict | None = None):
         self.workers = workers
         self.pids: list[int] = []
+        self.lines: list[str] = []  # what it logged (BENCH_CLUSTER_LOG=path writes it there too)
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "qcluster"],
             cwd=ROOT,
@@ -203,6 +204,7 @@ class Cluster:
 
         def read():
             for line in self.process.stdout:
+                self.lines.append(line)
                 if "ready for work at" in line:
                     self.pids.append(int(line.rsplit(" ", 1)[1]))
                     if len(self.pids) >= workers:
@@ -215,6 +217,8 @@ class Cluster:
 
     def stop(self) -> None:
         stop(self.process)
+        if os.environ.get("BENCH_CLUSTER_LOG"):
+            Path(os.environ["BENCH_CLUSTER_LOG"]).write_text("".join(self.lines))
 
 
 def clean() -> None:

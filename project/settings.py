@@ -5,6 +5,7 @@ SQLite (embedded) by default; DATABASE_URL=postgres://user@host:port/name switch
 
 import json
 import os
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -64,7 +65,12 @@ TEMPLATES = [
 ]
 
 
-POOLED = os.environ.get("DB_POOL") == "1"
+# A django-q2 worker process holds many runs in flight that share a bounded number of connections:
+# on PostgreSQL the cluster (`manage.py qcluster`) uses Django's connection pool unless DB_POOL=0,
+# and DB_POOL=1 turns it on for the web server too. DB_POOL_SIZE bounds each process's pool.
+RUNS_CLUSTER = sys.argv[1:2] == ["qcluster"]
+POOLED = os.environ.get("DB_POOL") == "1" or (RUNS_CLUSTER and os.environ.get("DB_POOL") != "0")
+POOL_SIZE = int(os.environ.get("DB_POOL_SIZE", "10"))
 SERVER_SIDE_BINDING = os.environ.get("DB_SERVER_SIDE_BINDING") == "1"
 
 
@@ -86,7 +92,7 @@ def database_from_url(url: str) -> dict:
         "CONN_MAX_AGE": 0 if POOLED else 60,
         "CONN_HEALTH_CHECKS": not POOLED,
         "OPTIONS": {
-            **({"pool": {"min_size": 2, "max_size": 20, "timeout": 30}} if POOLED else {}),
+            **({"pool": {"min_size": 1, "max_size": POOL_SIZE, "timeout": 30}} if POOLED else {}),
             # DB_SERVER_SIDE_BINDING=1: psycopg 3 binds parameters on the server (prepared
             # statements); measured by `make bench` (the README's Performance section).
             **({"server_side_binding": True} if SERVER_SIDE_BINDING else {}),
@@ -144,13 +150,14 @@ Q_CLUSTER = {
     "name": os.environ.get("Q_NAME", "agenttasks"),
     "orm": "default",
     "workers": int(os.environ.get("Q_WORKERS", "2")),
-    # django-q2 replaces a worker after this many jobs (the memory benchmark raises it).
-    "recycle": int(os.environ.get("Q_RECYCLE", "500")),
-    # A job may run as long as its inline delegation tree; django-q2 re-delivers it only after
-    # `retry`, which must exceed `timeout` (the claim makes a second delivery harmless anyway).
-    # Above every agent's own deadline (DEFAULT_TIMEOUT, 600 s), so that deadline strikes first.
-    "timeout": 660,
-    "retry": 720,
+    # django-q2 replaces a worker process after this many jobs. Each run is one job, and a
+    # process that is recycled claims nothing more and finishes the runs in flight it holds
+    # before it goes, so the demo recycles rarely.
+    "recycle": int(os.environ.get("Q_RECYCLE", "10000")),
+    # A run's job returns at once (its run executes in a slot), so `timeout` bounds the other
+    # jobs; django-q2 re-delivers a job only after `retry`, which must exceed `timeout`.
+    "timeout": int(os.environ.get("Q_TIMEOUT", "660")),
+    "retry": int(os.environ.get("Q_TIMEOUT", "660")) + 60,
     "max_attempts": 1,
     "poll": 0.05,
     "catch_up": False,
@@ -167,6 +174,9 @@ if os.environ.get("Q_BROKER") == "redis":
     Q_CLUSTER["redis"] = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 AGENTTASKS = {
+    # Runs in flight per worker process (README, "Sizing a node"): on PostgreSQL 500, so the
+    # demo's 2 workers hold 1,000 at once on a 2-core machine; on SQLite its default (4).
+    **({"WORKER_SLOTS": int(os.environ.get("WORKER_SLOTS", "500"))} if DATABASES["default"]["ENGINE"].endswith("postgresql") else {}),
     "DESCRIBE_STATE": {
         "": "project.agents.describe_state",
         "slow": "project.agents.describe_state",

@@ -176,9 +176,11 @@ def _release_the_test_database(django_db_setup, django_db_blocker):
     connections (CONN_MAX_AGE) this thread cannot close; they are this run's own.
     """
     yield
+    from agenttasks import deltas
     from agenttasks.listen import hub
 
     hub.stop()
+    deltas.stop()
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
             return
@@ -222,6 +224,10 @@ def start_cluster(transactional_db, real_queue):
     yield start
     for cluster in started:
         cluster.kill()  # a graceful django-q2 shutdown takes seconds; the test is over anyway
+        # Shown when the test failed: what the cluster said, without django-q2's job chatter.
+        chatter = ("Enqueued", "processing", "Processed", "Callback delivered")
+        lines = [line for line in cluster.lines if not any(c in line for c in chatter)]
+        print("\n".join(lines[-150:]))
 
 
 @pytest.fixture

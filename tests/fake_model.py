@@ -184,8 +184,12 @@ class Request:
         try:
             readable, _, _ = select.select([self._sock], [], [], 0)
             return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the server has closed the socket since
             return True
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # hundreds of runs in flight connect at once
 
 
 class FakeModel:
@@ -199,7 +203,7 @@ class FakeModel:
         self.sent: list[tuple[str, str]] = []  # (model, reply label), in the order sent
         self._in_flight: Counter = Counter()
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = _Server(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -209,7 +213,9 @@ class FakeModel:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def close(self) -> None:
-        self.server.shutdown()
+        # shutdown() waits for serve_forever without a deadline; this waits five seconds at most.
+        threading.Thread(target=self.server.shutdown, daemon=True).start()
+        self.thread.join(5)
         self.server.server_close()
 
     def of(self, model: str) -> list[Request]:

@@ -1,17 +1,13 @@
-"""Per-agent deadlines: `timeout_seconds`, DEFAULT_TIMEOUT, the system check, django-q2's kill."""
+"""Per-agent deadlines: `timeout_seconds`, DEFAULT_TIMEOUT, and django-q2's timeout in a job's thread."""
 
-import threading
 import time
-from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test.utils import override_settings
-from django.utils import timezone
 from django_q.exceptions import TimeoutException
 
-from agenttasks import lifecycle, registry, store, worker
-from agenttasks.checks import check_deadlines
+from agenttasks import lifecycle, registry, worker
 from agenttasks.deadlines import killed_text
 from agenttasks.models import Run, Task
 
@@ -28,21 +24,6 @@ def test_an_agent_timeout_defaults_to_default_timeout():
     for bad in (0, -1, "10", True):
         with pytest.raises(ImproperlyConfigured, match="timeout_seconds has an invalid value"):
             registry.build("c", runtime="callable", handler=slow, timeout_seconds=bad)
-
-
-def test_the_check_warns_when_django_q2_would_kill_first():
-    registry.register("quick", runtime="callable", handler=slow, timeout_seconds=60, replace=True)
-    try:
-        with override_settings(Q_CLUSTER={"timeout": 600, "retry": 660}):
-            warned = {m.msg.split("'")[1] for m in check_deadlines() if m.id == "agenttasks.W009"}
-            assert "slow" in warned and "quick" not in warned  # 600 s is not below 600 s
-        with override_settings(Q_CLUSTER={"timeout": 660, "retry": 720}):
-            assert check_deadlines() == []
-        with override_settings(Q_CLUSTER={"timeout": 30, "retry": 60}):
-            (message, *_) = [m for m in check_deadlines() if "'quick'" in m.msg]
-            assert "its timeout (60 s) is not below Q_CLUSTER['timeout'] (30 s)" in message.msg
-    finally:
-        registry.unregister("quick")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -125,35 +106,3 @@ def test_7_slow_task_with_a_2_s_deadline_fails_and_the_worker_goes_on(
         )
         assert len(cluster.started_worker_pids()) == 1  # not a reincarnated worker
     assert failed_after < 10
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_worker_django_q2_killed_outright_is_reported_plainly(user):
-    """The heartbeat leaves its last words as django-q2's timeout comes; the reaper uses them."""
-    with override_settings(Q_CLUSTER={"timeout": 1, "retry": 60}):
-        task = lifecycle.create(owner=user, agent_id="slow", input="x", metadata={"seconds": 3})
-        expected = killed_text()
-        runner = threading.Thread(target=worker.execute_run, args=(task.run_id,))
-        runner.start()
-        wait_for(
-            lambda: Run.objects.get(pk=task.run_id).error == expected,
-            timeout=5,
-            message="the last words at django-q2's timeout",
-        )
-        runner.join(10)
-    # Here django-q2 did not kill it (no cluster): the run's own ending replaces the words.
-    done = Task.objects.get(pk=task.id)
-    assert (done.status, done.error) == ("completed", "")
-
-    # A worker that was killed: its run holds the words and its lease expired.
-    killed = lifecycle.create(owner=user, agent_id="echo", input="killed")
-    orphan = lifecycle.create(owner=user, agent_id="echo", input="orphan")
-    for t in (killed, orphan):
-        store.claim(t.run_id, "gone")
-    store.record_last_words(killed.run_id, "gone", expected)
-    Run.objects.filter(pk__in=[killed.run_id, orphan.run_id]).update(
-        heartbeat_at=timezone.now() - timedelta(minutes=5)
-    )
-    lifecycle.recover()
-    assert Task.objects.get(pk=killed.id).error == expected
-    assert Task.objects.get(pk=orphan.id).error == "The server stopped while the task was running"

@@ -5,7 +5,7 @@ from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .file import File
 from .idempotency import IdempotencyKey
-from .ops import Counter, ReaperPass, TaskCount
+from .ops import Counter, ReaperPass, TaskCount, WorkerProcess
 from .run import Run
 from .slot import Slot
 from .task import Comment, Task, TaskResult
@@ -29,4 +29,5 @@ __all__ = [
     "TaskCount",
     "TaskResult",
     "Wakeup",
+    "WorkerProcess",
 ]

@@ -56,3 +56,25 @@ class TaskCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.status}[{self.shard}] = {self.n}"
+
+
+class WorkerProcess(models.Model):
+    """A worker process's slots and the runs it holds in flight, as its heartbeat last said.
+
+    Each worker process rewrites its row every HEARTBEAT_INTERVAL and deletes it when it stops;
+    rows not seen within LEASE_TIMEOUT belong to processes that died (docs/architecture.md#in-flight-runs).
+    """
+
+    id = models.CharField("process", primary_key=True, max_length=200)  # host:pid
+    node = models.CharField("node", max_length=200)
+    slots = models.PositiveIntegerField("slots")
+    busy = models.PositiveIntegerField("runs in flight", default=0)
+    started_at = models.DateTimeField("started")
+    seen_at = models.DateTimeField("seen")
+
+    class Meta:
+        verbose_name = "worker process"
+        verbose_name_plural = "worker processes"
+
+    def __str__(self) -> str:
+        return self.id

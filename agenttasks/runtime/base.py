@@ -2,10 +2,12 @@
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import NoReturn
 
+from django.db import connection
 from django.utils import timezone
 
 from .. import lifecycle
@@ -57,6 +59,7 @@ class StopFlag:
         self.timed_out = ""  # the error, once the run's deadline has passed
         self._lock = threading.Lock()
         self.changed = threading.Event()
+        self._waiters: set[threading.Event] = set()
 
     @property
     def value(self) -> str:
@@ -64,9 +67,21 @@ class StopFlag:
 
     def set(self, value: str) -> None:
         with self._lock:
-            if value and value != self._value and self._value != "now":
-                self._value = value
-                self.changed.set()
+            if not value or value == self._value or self._value == "now":
+                return
+            self._value = value
+            self.changed.set()
+            waiters = list(self._waiters)
+        for event in waiters:
+            event.set()
+
+    def wake(self, event: threading.Event, *, on: bool = True) -> None:
+        """Set `event` whenever this flag changes (until called again with `on=False`)."""
+        with self._lock:
+            if on:
+                self._waiters.add(event)
+            else:
+                self._waiters.discard(event)
 
     @property
     def now(self) -> bool:
@@ -263,6 +278,37 @@ class RunContext:
     def budget(self) -> Budget:
         return Budget(self.window, [link.window for link in self.callers])
 
+    def stop_flags(self) -> list[StopFlag]:
+        """This run's stop flag and those of the callers it executes inline for."""
+        return [self.stop, *(link.flag for link in self.callers if link.flag is not None)]
+
+    def wait(self, seconds: float, ready=None, woken: threading.Event | None = None) -> bool:
+        """Wait up to `seconds` until `ready()`, holding no database connection; whether it is.
+
+        Whatever makes `ready()` true sets `woken`; so does a change of a stop flag. Raises
+        RunStopped at once when this run (or a caller it executes for) is told to stop now.
+        """
+        release_connection()
+        woken = woken or threading.Event()
+        flags = self.stop_flags()
+        deadline = time.monotonic() + seconds
+        for flag in flags:
+            flag.wake(woken)
+        try:
+            while True:
+                if ready is not None and ready():
+                    return True
+                if self.stop_now():
+                    raise RunStopped()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                woken.wait(left)
+                woken.clear()
+        finally:
+            for flag in flags:
+                flag.wake(woken, on=False)
+
     def stop_now(self) -> bool:
         """Whether this run, or a caller it executes inline for, was told to stop now."""
         if self.stop.now:
@@ -285,7 +331,11 @@ class RunContext:
 
     # checkpoints and requests ---------------------------------------------------------------
     def check_cancelled(self) -> None:
-        """Raise RunStopped on an immediate stop, BudgetExceeded when the wall time is gone."""
+        """Raise RunStopped on an immediate stop, BudgetExceeded when the wall time is gone.
+
+        A checkpoint is where a handler waits or works: it holds no database connection here.
+        """
+        release_connection()
         if self.stop_now():
             raise RunStopped()
         message = self.budget.wall_reached()
@@ -295,6 +345,7 @@ class RunContext:
     def progress(self, state) -> None:
         """Record a progress state (DESCRIBE_STATE renders it for tools, API and admin)."""
         lifecycle.record_progress(self.run.id, state)
+        release_connection()
 
     def request_approval(
         self, tool: str, args: dict | None = None, prompt: str | None = None
@@ -369,6 +420,16 @@ class RunContext:
             raise GracefulStop()
         self.check_cancelled()
         raise PauseRun([request])
+
+
+def release_connection() -> None:
+    """Give this thread's database connection back while it waits (to the pool, when pooled).
+
+    A run holds a connection only while it talks to the database: the many runs a worker
+    process holds share a bounded number of them (docs/architecture.md#in-flight-runs).
+    """
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 def normalize_questions(questions) -> list[dict]:

@@ -3,11 +3,12 @@
 from ..states import OutcomeStatus, TaskKind
 from ..types import RunOutcome
 from . import result_files
-from .base import GracefulStop, PauseRun, Reply, RunContext, RunStopped
+from .base import GracefulStop, PauseRun, Reply, RunContext, RunStopped, release_connection
 
 
 def execute(ctx: RunContext) -> RunOutcome:
     """Run the agent's handler once and report how the run ended."""
+    release_connection()  # the handler takes one when it talks to the database
     try:
         reply = ctx.agent.handler(ctx)
     except PauseRun as pause:

@@ -202,6 +202,8 @@ class ChatRun:
                 self.agent.model_params or {},
                 on_delta=self._publish_delta if self.agent.stream else None,
             )
+            if self.agent.stream:
+                deltas.end_reply(self.run.id)  # its pieces go before its message.assistant
             usage = response.usage
             self.budget.spend(
                 prompt=usage["prompt_tokens"],

@@ -1,26 +1,24 @@
 """Drive a claimed run: heartbeat it, execute its agent's runtime, hand over its ending.
 
-The worker (a django-q2 job) and the `task` tool (a delegate child, inline in its caller's
-thread) both run a claimed run through here. No transaction or row lock is held while the agent
+A worker process's slots (`worker.RunPool`, a thread per run) and the `task` tool (a delegate
+child, inline in its caller's thread) both run a claimed run through here. No transaction or row lock is held while the agent
 works; an exception becomes a failed run, never a lost one.
 """
 
 import logging
-import math
 import os
 import socket
 import threading
 import time
 
 from django.db import InterfaceError, OperationalError, connection
-from django.utils import timezone
 
 from .. import deadlines, lifecycle, metrics, queue, registry, store
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
 from ..listen import hub, stop_key, task_key
 from ..models import Run
-from ..states import OutcomeStatus
+from ..states import OutcomeStatus, StopRequest
 from ..types import RunOutcome
 from . import callable as callable_runtime
 from . import chat
@@ -36,17 +34,17 @@ HOST = socket.gethostname()
 
 
 def worker_identity() -> str:
-    """Name the claiming process: host, pid and thread."""
-    return f"{HOST}:{os.getpid()}:{threading.get_ident()}"
+    """Name the claiming process: host and pid (every run it holds is beaten by its heartbeat)."""
+    return f"{HOST}:{os.getpid()}"
 
 
 class Heartbeat:
-    """The heartbeat of one run: refresh `heartbeat_at` and read the stop request.
+    """The heartbeat of one run: its stop request, its deadline, and its lease kept fresh.
 
-    `start()` hands it to this process's heartbeat thread, which beats every run it holds every
-    HEARTBEAT_INTERVAL, and at once when one of their tasks settles (a stop finalizes the task,
-    which this process hears in-process or through PostgreSQL notifications). One thread per
-    process, not one per run: starting and joining a thread per run cost more than the run.
+    `start()` hands it to this process's heartbeat thread, which beats every run it holds in
+    one statement every HEARTBEAT_INTERVAL, and reads a run's stop request at once when its
+    run is told to stop or its task settles (a stop finalizes the task, which this process hears
+    in-process or through PostgreSQL notifications). One thread per process, not one per run.
     """
 
     def __init__(self, run: Run, worker: str, flag: StopFlag, timeout: float):
@@ -57,30 +55,34 @@ class Heartbeat:
         self.flag = flag
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        killed_after = deadlines.q_timeout()
-        # When django-q2's own timeout comes (a worker it kills says nothing more).
-        self.kill_at = time.monotonic() + killed_after if killed_after else math.inf
 
     def start(self) -> None:
-        _beater().track(self)
+        beater().track(self)
 
     def stop(self) -> None:
-        _beater().untrack(self)
-
-    def beat(self) -> None:
-        # Refreshed until on_run_finished returns (also after the ending is recorded), so the
-        # reaper can tell a worker still applying an ending from one that died doing so.
-        row = Run.objects.filter(pk=self.run_id, worker=self.worker)
-        row.update(heartbeat_at=timezone.now())
-        current = row.values_list("stop_request", flat=True).first()
-        # A run that is gone, or no longer this worker's, reads as an immediate stop.
-        self.flag.set("now" if current is None else current)
+        beater().untrack(self)
 
     def expire(self) -> None:
         """Stop the run at its deadline: it and its task fail, and the runtime stops now."""
-        self.flag.timed_out = deadlines.timeout_text(self.timeout)
+        self.flag.timed_out = self.flag.timed_out or deadlines.timeout_text(self.timeout)
         self.flag.set("now")
-        deadlines.fail(self.run, self.flag.timed_out)
+        try:
+            deadlines.fail(self.run, self.flag.timed_out)
+        except Exception:
+            logger.warning("heartbeat.expire_failed run=%s", self.run_id, exc_info=True)
+        finally:
+            connection.close()
+
+
+class _Mark:
+    """What the hub sets when a run's stop or task key is published: read that run at once."""
+
+    def __init__(self, beater: "_Beater", run_id: str):
+        self.beater = beater
+        self.run_id = run_id
+
+    def set(self) -> None:
+        self.beater.touch(self.run_id)
 
 
 class _Beater(threading.Thread):
@@ -91,60 +93,104 @@ class _Beater(threading.Thread):
         self.pid = os.getpid()
         self.wake = threading.Event()
         self._lock = threading.Lock()
-        self._beats: dict[int, Heartbeat] = {}
+        self._beats: dict[str, Heartbeat] = {}
+        self._marks: dict[str, _Mark] = {}
+        self._touched: set[str] = set()
+        self._reporters: list = []
+        self._leases = store.Leases()
         self._wake_at = 0.0  # when the thread wakes next (monotonic)
+        self._beat_at = 0.0  # when the next beat is due (monotonic)
+
+    def report(self, reporter) -> None:
+        """Call `reporter(leases)` at every beat (the worker process's slots)."""
+        with self._lock:
+            self._reporters.append(reporter)
 
     def track(self, heartbeat: Heartbeat) -> None:
+        mark = _Mark(self, heartbeat.run_id)
         with self._lock:
-            self._beats[id(heartbeat)] = heartbeat
-            sooner = min(heartbeat.deadline, heartbeat.kill_at) < self._wake_at
+            self._beats[heartbeat.run_id] = heartbeat
+            self._marks[heartbeat.run_id] = mark
+            sooner = heartbeat.deadline < self._wake_at
         if sooner:  # a deadline before the next beat: plan the wait again
             self.wake.set()
-        # A stop written by any process (the database notifies it), and a task settled by this
-        # one (published in process: an immediate stop finalizes the task).
-        hub.add(stop_key(heartbeat.run_id), self.wake)
-        if heartbeat.task_id:
-            hub.add(task_key(heartbeat.task_id), self.wake, listen=False)
+        # A stop written by any process: PostgreSQL notifies it. Elsewhere, a task settled by
+        # this process (published in process: an immediate stop finalizes the task).
+        hub.add(stop_key(heartbeat.run_id), mark)
+        if heartbeat.task_id and connection.vendor != "postgresql":
+            hub.add(task_key(heartbeat.task_id), mark, listen=False)
 
     def untrack(self, heartbeat: Heartbeat) -> None:
         with self._lock:
-            self._beats.pop(id(heartbeat), None)
-        hub.discard(stop_key(heartbeat.run_id), self.wake)
-        if heartbeat.task_id:
-            hub.discard(task_key(heartbeat.task_id), self.wake)
+            if self._beats.get(heartbeat.run_id) is heartbeat:
+                del self._beats[heartbeat.run_id]
+            mark = self._marks.pop(heartbeat.run_id, None)
+            self._touched.discard(heartbeat.run_id)
+        if mark is not None:
+            hub.discard(stop_key(heartbeat.run_id), mark)
+            if heartbeat.task_id:
+                hub.discard(task_key(heartbeat.task_id), mark)
+
+    def touch(self, run_id: str) -> None:
+        """Read this run's stop request at once."""
+        with self._lock:
+            self._touched.add(run_id)
+        self.wake.set()
 
     def run(self) -> None:
         while True:
             self.wake.wait(self._next_wait())
             self.wake.clear()
-            with self._lock:
-                beats = list(self._beats.values())
-            now = time.monotonic()
-            for heartbeat in beats:
-                try:
-                    if now >= heartbeat.deadline and not heartbeat.flag.timed_out:
-                        heartbeat.expire()
-                    if now >= heartbeat.kill_at:
-                        heartbeat.kill_at = math.inf
-                        deadlines.last_words(heartbeat.run_id, heartbeat.worker)
-                    heartbeat.beat()
-                except Exception:
-                    logger.warning("heartbeat.failed run=%s", heartbeat.run_id, exc_info=True)
-                    connection.close()
-            if not beats:
-                # Nothing to beat: hold no database session (CONN_MAX_AGE would keep it open,
-                # and an idle process must not pin a database, e.g. a test database at drop).
-                connection.close()
+            try:
+                self._pass()
+            except Exception:
+                logger.warning("heartbeat.failed", exc_info=True)
+                self._leases.close()
+            if not self._beats:
+                # An idle process must not pin a database (e.g. a test database at drop).
+                self._leases.close()
+
+    def _pass(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            beats = dict(self._beats)
+            touched, self._touched = self._touched, set()
+            reporters = list(self._reporters)
+        for heartbeat in beats.values():
+            if now >= heartbeat.deadline and not heartbeat.flag.timed_out:
+                heartbeat.flag.timed_out = deadlines.timeout_text(heartbeat.timeout)
+                # Its ending takes a pooled connection, which may be a while: never the beats'.
+                threading.Thread(target=heartbeat.expire, name="agenttasks-deadline").start()
+        if now >= self._beat_at:
+            self._beat_at = now + app_settings.HEARTBEAT_INTERVAL
+            self._read(beats, refresh=True)
+            for reporter in reporters:
+                reporter(self._leases)
+        elif touched:
+            self._read({k: v for k, v in beats.items() if k in touched}, refresh=False)
+
+    def _read(self, beats: dict[str, Heartbeat], *, refresh: bool) -> None:
+        """Read the stop requests of `beats` (refreshing their leases) in one statement."""
+        if not beats:
+            return
+        # Refreshed until on_run_finished returns (also after the ending is recorded), so the
+        # reaper can tell a worker still applying an ending from one that died doing so.
+        by_worker: dict[str, list[str]] = {}
+        for run_id, heartbeat in beats.items():
+            by_worker.setdefault(heartbeat.worker, []).append(run_id)
+        for worker, run_ids in by_worker.items():
+            current = self._leases.beat(run_ids, worker, refresh=refresh)
+            for run_id in run_ids:
+                # A run that is gone, or no longer this worker's, reads as an immediate stop.
+                beats[run_id].flag.set(current.get(run_id, StopRequest.NOW))
 
     def _next_wait(self) -> float:
         """Until the next beat, or sooner when a run's deadline comes first."""
-        wait = app_settings.HEARTBEAT_INTERVAL
+        now = time.monotonic()
         with self._lock:
-            deadlines_left = [
-                b.deadline - time.monotonic() for b in self._beats.values() if not b.flag.timed_out
-            ] + [b.kill_at - time.monotonic() for b in self._beats.values()]
-        wait = max(0.0, min([wait, *deadlines_left]))
-        self._wake_at = time.monotonic() + wait
+            waits = [b.deadline - now for b in self._beats.values() if not b.flag.timed_out]
+        wait = max(0.0, min([self._beat_at - now, *waits]))
+        self._wake_at = now + wait
         return wait
 
 
@@ -152,7 +198,7 @@ _beater_instance: _Beater | None = None
 _beater_lock = threading.Lock()
 
 
-def _beater() -> _Beater:
+def beater() -> _Beater:
     """Return this process's heartbeat thread, starting it (again after a fork) when needed."""
     global _beater_instance
     with _beater_lock:

@@ -1,20 +1,20 @@
 """The chat runtime's client of an OpenAI-compatible model server (docs/delegation.md#the-wire-format).
 
 The request body, the reading of a response, retries on 429/5xx and connection failures, and
-an exchange in a thread of its own that an immediate stop or a wall budget abandons and
-disconnects. The loop that decides what to send lives in chat.py.
+the process's one client (`model_io`): its requests run on an event loop of their own, so a
+run waits on its reply holding no database connection, and an immediate stop or a wall budget
+cancels that request alone. The loop that decides what to send lives in chat.py.
 """
 
+import asyncio
 import json
 import logging
-import queue
-import socket
+import os
 import threading
-import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import httpcore
 import httpx
 
 from .. import __version__, metrics
@@ -33,7 +33,7 @@ NO_SERVER = (
 NO_MODEL = (
     'No model configured for agent "{id}": set AGENTTASKS["DEFAULT_MODEL"] or the agent\'s model'
 )
-POLL = 0.05  # how often a waiting run looks at its stop flags
+POLL = 0.05  # how often a run waiting on its inline children looks at their progress
 
 
 class ModelError(Exception):
@@ -78,16 +78,6 @@ def _detail(response: httpx.Response) -> str:
     if detail is None:
         detail = text.strip()
     return detail[:500] + "…" if len(detail) > 500 else detail
-
-
-def _drain(deltas: queue.Queue | None, on_delta: Callable | None) -> None:
-    """Hand the pieces that arrived to the run, in order, in the run's own thread."""
-    while deltas is not None and on_delta is not None:
-        try:
-            piece = deltas.get_nowait()
-        except queue.Empty:
-            return
-        on_delta(piece)
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -182,91 +172,67 @@ def _usage(usage) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
 
 
-class _TrackingBackend(httpcore.NetworkBackend):
-    """Remember the sockets a request opens, so that an immediate stop can shut them down."""
+class _ModelIO:
+    """This process's one client of the model server: an event loop in a thread of its own.
 
-    def __init__(self, inner, sockets: list):
-        self.inner = inner
-        self.sockets = sockets
+    Every run of the process sends its requests through it: keep-alive, at most
+    MODEL_MAX_CONNECTIONS connections (one per slot by default), and a request that a stop
+    abandons is cancelled, which closes its connection and no other.
+    """
 
-    def _track(self, stream):
-        sock = stream.get_extra_info("socket")
-        if sock is not None:
-            self.sockets.append(sock)
-        return stream
+    def __init__(self, max_connections: int):
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self.client = httpx.AsyncClient(limits=limits)
+        threading.Thread(
+            target=self.loop.run_forever, name="agenttasks-model-io", daemon=True
+        ).start()
 
-    def connect_tcp(self, *args, **kwargs):
-        return self._track(self.inner.connect_tcp(*args, **kwargs))
+    def send(
+        self, url: str, headers: dict, body: bytes, timeout: float, on_piece: Callable | None
+    ) -> Future:
+        """Start one request; its future holds (response, None) or (None, the joined stream)."""
+        return asyncio.run_coroutine_threadsafe(
+            self._send(url, headers, body, httpx.Timeout(timeout), on_piece), self.loop
+        )
 
-    def connect_unix_socket(self, *args, **kwargs):
-        return self._track(self.inner.connect_unix_socket(*args, **kwargs))
-
-    def sleep(self, seconds: float) -> None:
-        self.inner.sleep(seconds)
-
-
-class _Exchange(threading.Thread):
-    """One HTTP request in a thread of its own, which the run can abandon and disconnect."""
-
-    def __init__(
-        self,
-        url: str,
-        headers: dict,
-        body: bytes,
-        timeout: float,
-        deltas: queue.Queue | None = None,
-    ):
-        super().__init__(name="agenttasks-model", daemon=True)
-        self.sockets: list = []
-        transport = httpx.HTTPTransport()
-        pool = getattr(transport, "_pool", None)
-        # httpx has no public hook for the sockets; without it an abort only abandons the thread.
-        if pool is not None and hasattr(pool, "_network_backend"):
-            pool._network_backend = _TrackingBackend(pool._network_backend, self.sockets)
-        self.client = httpx.Client(transport=transport, timeout=httpx.Timeout(timeout))
-        self.request = (url, headers, body)
-        self.response: httpx.Response | None = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-        # Streaming: content pieces go to `deltas` as they arrive; the joined message lands here.
-        self.deltas = deltas
-        self.streamed: Accumulator | None = None
-
-    def run(self) -> None:
-        url, headers, body = self.request
+    async def _send(self, url, headers, body, timeout, on_piece):
+        if on_piece is None:
+            return await self.client.post(url, content=body, headers=headers, timeout=timeout), None
+        request = self.client.build_request(
+            "POST", url, content=body, headers=headers, timeout=timeout
+        )
+        response = await self.client.send(request, stream=True)
         try:
-            if self.deltas is None:
-                self.response = self.client.post(url, content=body, headers=headers)
-            else:
-                self._stream(url, headers, body)
-        except BaseException as exc:  # noqa: BLE001 (handed to the run's thread)
-            self.error = exc
-        finally:
-            self.client.close()
-            self.done.set()
-
-    def _stream(self, url: str, headers: dict, body: bytes) -> None:
-        with self.client.stream("POST", url, content=body, headers=headers) as response:
             kind = response.headers.get("content-type", "")
             if not 200 <= response.status_code < 300 or "text/event-stream" not in kind:
-                response.read()  # an error, or a server that answered whole: read as JSON
-                self.response = response
-                return
-            accumulator = Accumulator(self.deltas)
-            for line in response.iter_lines():
+                await response.aread()  # an error, or a server that answered whole: read as JSON
+                return response, None
+            accumulator = Accumulator(on_piece)
+            async for line in response.aiter_lines():
                 accumulator.line(line)
                 if accumulator.done:
                     break
-            self.streamed = accumulator
+            return None, accumulator
+        finally:
+            await response.aclose()
 
-    def abort(self) -> None:
-        """Disconnect from the server: the request thread ends with an error, unread."""
-        for sock in list(self.sockets):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.client.close()
+
+_io: _ModelIO | None = None
+_io_lock = threading.Lock()
+
+
+def model_io() -> _ModelIO:
+    """Return this process's model-server client, starting it (again after a fork) when needed."""
+    global _io
+    with _io_lock:
+        if _io is None or _io.pid != os.getpid():
+            size = app_settings.MODEL_MAX_CONNECTIONS or app_settings.WORKER_SLOTS or 100
+            _io = _ModelIO(size)
+        return _io
 
 
 @dataclass
@@ -321,7 +287,8 @@ class ModelClient:
         """Send one chat-completions request, retrying what may succeed on a second try.
 
         With `on_delta` the completion is streamed (`stream: true`, usage included) and
-        `on_delta(text)` is called in this thread with each piece of content as it arrives.
+        `on_delta(text)` is called with each piece of content as it arrives, in the client's
+        event loop: it must not block (deltas.publish only buffers).
         """
         if on_delta is not None:
             params = {**params, "stream": True, "stream_options": {"include_usage": True}}
@@ -343,14 +310,11 @@ class ModelClient:
                 return response
 
     def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.ctx.stop_now():
-                raise RunStopped()
-            message = self.budget.wall_reached()
-            if message:
-                raise BudgetExceeded(message)
-            time.sleep(min(POLL, max(deadline - time.monotonic(), 0)))
+        left, budget_text = self.budget.wall_deadline()
+        if left is not None and left < seconds:
+            self.ctx.wait(max(left, 0.0))
+            raise BudgetExceeded(budget_text)
+        self.ctx.wait(seconds)
 
     def _send(self, body: bytes, on_delta: Callable | None = None) -> Response:
         timeout, cut = self.config.timeout, ""
@@ -359,30 +323,28 @@ class ModelClient:
             timeout, cut = left, budget_text
         if timeout <= 0:
             raise BudgetExceeded(cut)
-        deltas: queue.Queue | None = queue.Queue() if on_delta is not None else None
-        exchange = _Exchange(self.config.url, self.config.headers, body, timeout, deltas)
-        deadline = time.monotonic() + timeout
-        exchange.start()
-        while not exchange.done.wait(POLL):
-            _drain(deltas, on_delta)
-            if self.ctx.stop_now():
-                exchange.abort()
-                raise RunStopped()
-            if time.monotonic() >= deadline:
-                exchange.abort()
-                self._timed_out(cut)
-        _drain(deltas, on_delta)
-        if isinstance(exchange.error, StreamError):
-            raise ModelError(str(exchange.error))
-        if isinstance(exchange.error, httpx.TimeoutException):
+        woken = threading.Event()
+        future = model_io().send(self.config.url, self.config.headers, body, timeout, on_delta)
+        future.add_done_callback(lambda _: woken.set())
+        try:
+            answered = self.ctx.wait(timeout, future.done, woken)
+        except RunStopped:
+            future.cancel()  # disconnects this request, and no other
+            raise
+        if not answered:
+            future.cancel()
             self._timed_out(cut)
-        if exchange.error is not None:
-            raise ModelError(f"Model server unreachable: {exchange.error}", retryable=True)
-        if exchange.streamed is not None:
-            return from_message(*exchange.streamed.message())
-        if exchange.response is None:
-            raise ModelError("Model server unreachable: no response", retryable=True)
-        return parse_response(exchange.response)
+        try:
+            response, streamed = future.result()
+        except StreamError as exc:
+            raise ModelError(str(exc)) from None
+        except httpx.TimeoutException:
+            self._timed_out(cut)
+        except Exception as exc:
+            raise ModelError(f"Model server unreachable: {exc}", retryable=True) from None
+        if streamed is not None:
+            return from_message(*streamed.message())
+        return parse_response(response)
 
     def _timed_out(self, cut: str):
         if cut:  # the deadline came from a wall budget

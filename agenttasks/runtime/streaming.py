@@ -5,11 +5,11 @@ With `stream: true` an OpenAI-compatible server answers `text/event-stream`: one
 piece of the content and pieces of tool calls (by `index`: the `id` and the name come first, the
 `arguments` string in pieces); with `stream_options.include_usage` a last chunk carries `usage`.
 The Accumulator joins them into the message a non-streamed answer would have had, and hands each
-content piece to the run as it arrives.
+content piece on as it arrives.
 """
 
 import json
-import queue
+from collections.abc import Callable
 
 
 class StreamError(ValueError):
@@ -17,13 +17,13 @@ class StreamError(ValueError):
 
 
 class Accumulator:
-    """Join streamed chunks into one message; content pieces also go to `deltas`."""
+    """Join streamed chunks into one message; each content piece also goes to `on_piece`."""
 
-    def __init__(self, deltas: queue.Queue | None = None):
+    def __init__(self, on_piece: Callable[[str], None] | None = None):
         self.parts: list[str] = []
         self.calls: dict[int, dict] = {}
         self.usage = None
-        self.deltas = deltas
+        self.on_piece = on_piece
         self.done = False
         self.seen_content = False
 
@@ -57,8 +57,8 @@ class Accumulator:
             self.seen_content = True
             if piece:
                 self.parts.append(piece)
-                if self.deltas is not None:
-                    self.deltas.put(piece)
+                if self.on_piece is not None:
+                    self.on_piece(piece)
         for call in delta.get("tool_calls") or []:
             if not isinstance(call, dict):
                 continue

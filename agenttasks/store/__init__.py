@@ -9,7 +9,8 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.locking`: the locks and the event log;
 - `store.tasks`: task transitions; `store.endings`: a run's ending and the finalize;
 - `store.runs`: conversations and their runs without a task;
-- `store.sweeps`: the reaper's passes; `store.deletion`: deleting a conversation tree;
+- `store.sweeps`: the reaper's passes; `store.leases`: the heartbeat's;
+- `store.deletion`: deleting a conversation tree;
 - `store.limits`: the user's active-task limit and the parent's cap.
 """
 
@@ -22,6 +23,7 @@ from .deletion import (
     stored_files,
 )
 from .endings import ORPHAN_TEXT, end, finalize, record_run_end, release_retry_claim
+from .leases import Leases
 from .limits import active_count, check_active_limit, live_count, lock_principal
 from .locking import Log, append_events, lock_conversation, lock_task
 from .runs import (
@@ -41,7 +43,6 @@ from .sweeps import (
     expired_actions,
     fail_dead_conversation_runs,
     fail_orphans,
-    record_last_words,
     requeue_stale,
     stale_queued,
     stuck_endings,
@@ -50,6 +51,7 @@ from .tasks import (
     advance,
     answer,
     claim,
+    claim_many,
     create_task,
     discard_spawn,
     pause,
@@ -62,6 +64,7 @@ from .tasks import (
 
 __all__ = [
     "ORPHAN_TEXT",
+    "Leases",
     "Log",
     "active_count",
     "advance",
@@ -70,6 +73,7 @@ __all__ = [
     "append_events",
     "check_active_limit",
     "claim",
+    "claim_many",
     "conversation_busy",
     "conversation_tree",
     "conversations_owed",
@@ -97,7 +101,6 @@ __all__ = [
     "release_retry_claim",
     "reopen",
     "request_stop",
-    "record_last_words",
     "requeue_stale",
     "stale_queued",
     "resume_paused",

@@ -145,13 +145,24 @@ def create(
 
 def claim(run_id: str, worker: str, now: datetime) -> Run | None:
     """Move a queued run (and its task) to running; None when it is not the one to run."""
-    value = _call("agenttasks_claim_run", run_id, worker, now.isoformat())
+    value = _call("agenttasks_claim_v1", run_id, worker, now.isoformat(), False, True)
     if value is None:
         return None
     answer = _answer(value)
     if answer.get("missing"):
         raise RunNotFound()
     return _linked(answer)[1]
+
+
+def claim_many(worker: str, limit: int, now: datetime, first: list[str]) -> list[Run]:
+    """Claim up to `limit` queued runs, those in `first` first, then the oldest (one statement)."""
+    value = _call("agenttasks_claim_runs_v1", worker, limit, now.isoformat(), first)
+    return [_linked(answer)[1] for answer in _answer_list(value)]
+
+
+def _answer_list(value: Any) -> list[dict[str, Any]]:
+    answers: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else value
+    return answers
 
 
 def end(

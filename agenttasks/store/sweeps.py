@@ -19,9 +19,6 @@ from .locking import Log, hold_task, lock_open_action, lock_task, run_finished
 from .rows import resolve_action
 
 BATCH = 500
-# How a run's worker says, just before django-q2's timeout kills it, why it will go silent
-# (agenttasks.deadlines.KILLED_TEXT starts so); the reaper then fails the run with that text.
-KILLED_PREFIX = "Stopped by django-q2 after its timeout"
 
 
 def lease_cutoff() -> datetime:
@@ -35,24 +32,17 @@ def fail_orphans() -> list[Task]:
     candidates = (
         Task.objects.visible()
         .filter(status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(cutoff))
-        .values_list("pk", "run_id", "run__error")[:BATCH]
+        .values_list("pk", "run_id")[:BATCH]
     )
     failed = []
-    for task_id, run_id, last_words in list(candidates):
-        text = last_words if last_words.startswith(KILLED_PREFIX) else ORPHAN_TEXT
+    text = ORPHAN_TEXT
+    for task_id, run_id in list(candidates):
         orphan = RunOutcome(None, TaskStatus.FAILED, error=text, append_message=False)
         ending = Ending(TaskStatus.FAILED, summary=text, error=text, reason="lease expired")
         ended = end(task_id, run_id, ending, outcome=orphan, lease_cutoff=cutoff)
         if ended.task is not None:
             failed.append(ended.task)
     return failed
-
-
-def record_last_words(run_id: str, worker: str, text: str) -> bool:
-    """Note on a run its worker still holds why it is about to go silent (no status changes)."""
-    return bool(
-        Run.objects.filter(pk=run_id, worker=worker, status=RunStatus.RUNNING).update(error=text)
-    )
 
 
 def stuck_endings() -> list[tuple[Task, RunOutcome]]:

@@ -6,7 +6,7 @@ and returns the task (or run) as written, or None when the race was lost. An unk
 The ending of a run and the finalize of a task are in `store.endings`.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,7 +15,13 @@ from django.utils import timezone
 
 from .. import ids, queue
 from ..conf import app_settings
-from ..exceptions import ActiveTaskLimit, ConversationNotFound, TaskError, TaskLimit
+from ..exceptions import (
+    ActiveTaskLimit,
+    ConversationNotFound,
+    RunNotFound,
+    TaskError,
+    TaskLimit,
+)
 from ..models import Comment, Conversation, PendingAction, Run, Task, Wakeup
 from ..states import (
     LIVE,
@@ -276,26 +282,75 @@ def claim(run_id: str, worker: str = "") -> Run | None:
     if postgres.enabled():
         return postgres.claim(run_id, worker, now)
     with transaction.atomic():
-        task = lock_task_of_run(run_id)
-        if task is None:
-            return _claim_taskless(run_id, worker, now)
-        run = task.run
-        if (
-            run.status != RunStatus.QUEUED
-            or task.status != TaskStatus.PENDING
-            or task.conversation.deleting_at is not None
-        ):
-            return None
-        log = Log()
-        hold_task(log, task)
-        _start(log, run, worker, now, trigger_name(run.trigger), task_id=task.id)
-        set_status(task, TaskStatus.RUNNING)
-        task.started_at = task.started_at or now
-        save_task(task, ["status", "started_at"], now)
-        task_status(log, task, TaskStatus.PENDING)
-        log.flush()
-        run.task = task
-        return run
+        return _claim_locked(run_id, worker, now, delegates=True)
+
+
+def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> list[Run]:
+    """Claim up to `limit` queued runs in one statement: those named in `first`, then the oldest.
+
+    Concurrent claimers pass over each other's rows (SKIP LOCKED on PostgreSQL) and never claim
+    one run twice; delegate children are claimed only when named (their callers execute them
+    inline). Each run comes back as `claim` returns it.
+    """
+    if limit <= 0:
+        return []
+    now = timezone.now()
+    if postgres.enabled():
+        return postgres.claim_many(worker, limit, now, list(first))
+    # SQLite: the transaction holds the database's write lock from BEGIN (IMMEDIATE).
+    claimed: list[Run] = []
+    with transaction.atomic():
+        seen: set[str] = set()
+        for run_id in first:
+            if len(claimed) >= limit:
+                break
+            if run_id not in seen:
+                seen.add(run_id)
+                _claim_into(claimed, run_id, worker, now, delegates=True)
+        oldest = (
+            Run.objects.filter(status=RunStatus.QUEUED)
+            .exclude(pk__in=seen)
+            .order_by("queued_at", "id")
+            .values_list("pk", flat=True)
+        )
+        for run_id in oldest.iterator(chunk_size=limit + 8):
+            if len(claimed) >= limit:
+                break
+            _claim_into(claimed, run_id, worker, now, delegates=False)
+    return claimed
+
+
+def _claim_into(claimed: list[Run], run_id: str, worker: str, now: datetime, **kw: bool) -> None:
+    try:
+        run = _claim_locked(run_id, worker, now, **kw)
+    except RunNotFound:
+        return
+    if run is not None:
+        claimed.append(run)
+
+
+def _claim_locked(run_id: str, worker: str, now: datetime, *, delegates: bool) -> Run | None:
+    task = lock_task_of_run(run_id)
+    if task is None:
+        return _claim_taskless(run_id, worker, now)
+    run = task.run
+    if (
+        (task.kind == TaskKind.DELEGATE and not delegates)
+        or run.status != RunStatus.QUEUED
+        or task.status != TaskStatus.PENDING
+        or task.conversation.deleting_at is not None
+    ):
+        return None
+    log = Log()
+    hold_task(log, task)
+    _start(log, run, worker, now, trigger_name(run.trigger), task_id=task.id)
+    set_status(task, TaskStatus.RUNNING)
+    task.started_at = task.started_at or now
+    save_task(task, ["status", "started_at"], now)
+    task_status(log, task, TaskStatus.PENDING)
+    log.flush()
+    run.task = task
+    return run
 
 
 def _claim_taskless(run_id: str, worker: str, now: datetime) -> Run | None:

@@ -90,7 +90,9 @@ def test_a_reader_sees_the_deltas_in_order_then_the_stored_message(
         lambda: as_alice.post(path, {"message": "write"}),
     )
     sent = [f for f in frames if f["event"] == "message.delta"]
-    assert [f["data"]["delta"] for f in sent] == PIECES
+    # Every piece, in order; on PostgreSQL those that arrived together share one frame.
+    assert "".join(f["data"]["delta"] for f in sent) == "".join(PIECES)
+    assert 1 <= len(sent) <= len(PIECES)
     run_id = reply["data"]["runId"]
     for frame in sent:
         assert "id" not in frame and frame["data"] == {
@@ -154,7 +156,7 @@ def test_a_tool_call_split_across_chunks(as_alice, workers, model, agents, wsgi_
     result = next(f for f in frames if f["event"] == "tool.result")["data"]["data"]
     assert result["content"] == "data(term)"
     sent = [f["data"]["delta"] for f in frames if f["event"] == "message.delta"]
-    assert sent == ["found ", "it: ", "data(term)"]
+    assert "".join(sent) == "found it: data(term)"
     assert reply["data"]["data"]["content"] == "found it: data(term)"
     logged = Event.objects.get(
         conversation_id=conversation["id"], type="message.assistant", data__content=None
@@ -191,7 +193,7 @@ def test_a_stop_now_aborts_the_streamed_request(model, agents, user, recording_q
     finally:
         deltas.unsubscribe(task.conversation_id, reader)
     assert server.requests[0].answered.wait(5), "the server saw the client go"
-    assert len(got) < len(PIECES)
+    assert len("".join(got)) < len("".join(PIECES))
     assert refresh(task).status == "cancelled"
     assert not Event.objects.filter(
         conversation_id=task.conversation_id, type="message.assistant"

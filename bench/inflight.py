@@ -1,0 +1,236 @@
+"""P6, runs in flight: chat tasks against a model that answers after 2 s, on the demo's cluster.
+
+N chat tasks are created in this process (4 threads); the clock runs from the first create until
+every task has settled. The fake model server (bench/model_server.py, a process of its own)
+streams each reply in 20 pieces, the first after half the latency, and counts the requests it
+holds at once. While the tasks run, the cluster's memory (the RSS of every process of its group)
+and the connections to PostgreSQL are sampled; their peaks are reported.
+
+    .venv/bin/python bench/inflight.py --n 1000 --latency 2
+    .venv/bin/python bench/inflight.py --n 100 --slots 1      # one slot per process
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from common import Cluster, bench_user, clean, setup_django, wait_until
+
+HERE = Path(__file__).resolve().parent
+MODEL_PORT = 8790
+AGENT = "chatter"
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def overrides(slots: int | None) -> dict:
+    """The AGENTTASKS overrides of this benchmark (the cluster reads them too)."""
+    values = {
+        "MAX_ACTIVE_TASKS_PER_USER": 0,
+        "MODEL_BASE_URL": f"http://127.0.0.1:{MODEL_PORT}/v1",
+        "DEFAULT_MODEL": "fake",
+        "AGENTS": {AGENT: {"runtime": "chat", "does": "answers", "stream": True}},
+    }
+    if slots is not None:
+        values["WORKER_SLOTS"] = slots
+    return values
+
+
+def model_server(latency: float, pieces: int) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "model_server.py"),
+            f"--port={MODEL_PORT}",
+            f"--latency={latency}",
+            f"--pieces={pieces}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    process.stdout.readline()  # "listening on …"
+    return process
+
+
+def stats() -> dict:
+    return httpx.get(f"http://127.0.0.1:{MODEL_PORT}/stats", timeout=5).json()
+
+
+def group_rss_kib(pgid: int) -> int:
+    """The resident memory of every process in a process group (KiB)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # the 5th field: the process group
+                continue
+            with open(f"/proc/{entry}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this machine's processes, by what they are."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "qcluster" in command:
+            kind = "cluster"
+        elif command.startswith("postgres"):
+            kind = "postgres"
+        elif "model_server" in command:
+            kind = "model server"
+        elif int(entry) == os.getpid():
+            kind = "bench (creates, sampling)"
+        else:
+            continue
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def connections() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def settled() -> int:
+    from agenttasks.models import Task
+
+    return Task.objects.filter(status__in=TERMINAL).count()
+
+
+def create(n: int, threads: int = 4) -> None:
+    from django.db import connection
+
+    from agenttasks import lifecycle
+
+    user = bench_user()
+
+    def make(share: int) -> None:
+        try:
+            for i in range(share):
+                lifecycle.create(owner=user, agent_id=AGENT, input=f"question {i}")
+        finally:
+            connection.close()
+
+    shares = [n // threads + (1 if k < n % threads else 0) for k in range(threads)]
+    workers = [threading.Thread(target=make, args=(share,)) for share in shares]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+def measure(n: int, workers: int) -> dict:
+    """Run N tasks on a fresh cluster; return the seconds and the peaks."""
+    from agenttasks.models import Task
+
+    clean()
+    cluster = Cluster(workers)
+    peaks = {"rss": 0, "connections": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        from django.db import connection
+
+        try:
+            while not done.is_set():
+                peaks["rss"] = max(peaks["rss"], group_rss_kib(cluster.process.pid))
+                peaks["connections"] = max(peaks["connections"], connections())
+                if os.environ.get("BENCH_TRACE"):
+                    print(f"{time.monotonic():.1f} settled={settled()} model={stats()}", flush=True)
+                done.wait(0.2)
+        finally:
+            connection.close()
+
+    try:
+        httpx.post(f"http://127.0.0.1:{MODEL_PORT}/reset", timeout=5)
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        cpu_before = cpu_seconds()
+        started = time.monotonic()
+        create(n)
+        created = time.monotonic() - started
+        ended = wait_until(lambda: settled() >= n, 600, poll=0.05)
+        cpu_after = cpu_seconds()
+        done.set()
+        sampler.join()
+        figures = stats()
+        completed = Task.objects.filter(status="completed").count()
+    finally:
+        done.set()
+        cluster.stop()
+    return {
+        "seconds": ended - started,
+        "created": created,
+        "completed": completed,
+        "model_peak": figures["peak"],
+        "rss_mib": peaks["rss"] / 1024,
+        "connections": peaks["connections"],
+        "cpu": {k: round(v - cpu_before.get(k, 0.0), 2) for k, v in cpu_after.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--pieces", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=None, help="default: the demo's")
+    parser.add_argument("--slots", type=int, default=None, help="default: the demo's")
+    parser.add_argument("--json", action="store_true", help="print one JSON line (run.py)")
+    args = parser.parse_args()
+    os.environ["AGENTTASKS_OVERRIDES"] = json.dumps(overrides(args.slots))
+    if args.workers is not None:
+        os.environ["Q_WORKERS"] = str(args.workers)
+    setup_django()
+    from django.conf import settings
+
+    workers = settings.Q_CLUSTER["workers"]
+    server = model_server(args.latency, args.pieces)
+    try:
+        result = measure(args.n, workers)
+    finally:
+        server.terminate()
+    result.update(n=args.n, workers=workers, latency=args.latency)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(
+        f"P6: {args.n} chat tasks, model {args.latency:g} s, {workers} workers: "
+        f"{result['seconds']:.1f} s (ideal {args.latency:g} s), "
+        f"{result['completed']} completed, model peak {result['model_peak']}, "
+        f"cluster RSS {result['rss_mib']:.0f} MiB, {result['connections']} connections "
+        f"(creates took {result['created']:.1f} s)"
+    )
+    print("CPU seconds:", ", ".join(f"{k} {v:.1f}" for k, v in result["cpu"].items()))
+
+
+if __name__ == "__main__":
+    main()

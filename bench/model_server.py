@@ -1,0 +1,130 @@
+"""A fast fake OpenAI-compatible model server for the benchmarks (asyncio, one process).
+
+Every chat completion is answered after `--latency` seconds: streamed in `--pieces` pieces (the
+first after half the latency, the rest spread over the other half), or whole. It counts the
+requests it has in flight and the most it ever had; `GET /stats` answers them as JSON and
+`POST /reset` zeroes them.
+
+    .venv/bin/python bench/model_server.py --port 8790 --latency 2 --pieces 20
+"""
+
+import argparse
+import asyncio
+import json
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.peak = 0
+        self.served = 0
+
+    def as_json(self) -> bytes:
+        return json.dumps(
+            {"inFlight": self.in_flight, "peak": self.peak, "served": self.served}
+        ).encode()
+
+
+def _chunk(content: str | None = None, usage: dict | None = None) -> bytes:
+    body: dict = {"choices": [] if usage else [{"index": 0, "delta": {"content": content}}]}
+    if usage:
+        body["usage"] = usage
+    data = b"data: " + json.dumps(body).encode() + b"\n\n"
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes] | None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    body = await reader.readexactly(length) if length else b""
+    return method, path, body
+
+
+async def _answer(writer, stats: Stats, body: bytes, latency: float, pieces: int) -> None:
+    request = json.loads(body or b"{}")
+    stats.in_flight += 1
+    stats.peak = max(stats.peak, stats.in_flight)
+    try:
+        if request.get("stream"):
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            await asyncio.sleep(latency / 2)
+            gap = (latency / 2) / max(pieces - 1, 1)
+            for i in range(pieces):
+                if i:
+                    await asyncio.sleep(gap)
+                writer.write(_chunk(f"w{i} "))
+                await writer.drain()
+            writer.write(_chunk(usage=USAGE))
+            done = b"data: [DONE]\n\n"
+            writer.write(f"{len(done):x}\r\n".encode() + done + b"\r\n0\r\n\r\n")
+        else:
+            await asyncio.sleep(latency)
+            text = "".join(f"w{i} " for i in range(pieces))
+            reply = {
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+                "usage": USAGE,
+            }
+            _respond(writer, 200, json.dumps(reply).encode())
+        await writer.drain()
+    finally:
+        stats.in_flight -= 1
+        stats.served += 1
+
+
+def _respond(writer, status: int, body: bytes) -> None:
+    writer.write(
+        f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+async def main(port: int, latency: float, pieces: int) -> None:
+    stats = Stats()
+
+    async def serve(reader, writer):
+        try:
+            while True:
+                try:
+                    request = await _read_request(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                method, path, body = request
+                if method == "GET" and path == "/stats":
+                    _respond(writer, 200, stats.as_json())
+                elif method == "POST" and path == "/reset":
+                    stats.peak = stats.in_flight
+                    stats.served = 0
+                    _respond(writer, 200, stats.as_json())
+                else:
+                    await _answer(writer, stats, body, latency, pieces)
+                await writer.drain()
+        except ConnectionError:
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port, backlog=4096)
+    print(f"listening on {port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--pieces", type=int, default=20)
+    args = parser.parse_args()
+    asyncio.run(main(args.port, args.latency, args.pieces))
