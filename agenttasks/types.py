@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser  # noqa: F401 (used in an alias)
 
-    from .models import Conversation, Task  # noqa: F401 (Conversation is used in an alias)
+    from .models import Conversation, Run, Task  # noqa: F401 (Conversation is used in an alias)
 
 # A conversation, or its id.
 ConversationRef: TypeAlias = "Conversation | str"
@@ -93,6 +93,15 @@ class Ended:
 
     recorded: bool
     task: "Task | None"  # the task as written; None when the finalize lost
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What `store.claim_many` did: the runs it claimed, and how many it passed over because
+    another transaction held them (worth another try soon)."""
+
+    runs: "list[Run]"
+    passed: int = 0
 
 
 @dataclass

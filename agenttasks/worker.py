@@ -30,12 +30,14 @@ from .exceptions import RunNotFound
 from .models import Run, WorkerProcess
 from .runtime.base import release_connection
 from .runtime.driver import HOST, beater, drive, reconnecting, worker_identity
+from .types import Claimed
 
 logger = logging.getLogger(__name__)
 
 SQLITE_SLOTS = 4  # one writer: a few runs in flight per process keep it from queueing up
 POSTGRES_SLOTS = 100
 CLAIM_RETRY = 1.0  # seconds before a claim that failed is tried again
+PASSED_RETRY = (0.02, 1.0)  # after passing over held runs: first retry, and the longest wait
 
 
 def execute_run(run_id: str) -> None:
@@ -83,6 +85,7 @@ class RunPool:
         self.backlog = True  # runs may be queued that nobody here has tried to claim
         self.retiring = False
         self._wanted = threading.Event()
+        self._passed_wait = PASSED_RETRY[0]
         self._threads = ThreadPoolExecutor(size, thread_name_prefix="agenttasks-slot")
         threading.Thread(target=self._claim_loop, name="agenttasks-claimer", daemon=True).start()
         beater().report(self.report)
@@ -122,21 +125,29 @@ class RunPool:
             first, self.first = self.first, []
             self.backlog = False  # a job delivered during the claim sets it again
             self.held += free
-        runs: list[Run] = []
+        claimed = Claimed([])
         try:
-            runs = reconnecting(lambda: store.claim_many(self.identity, free, first))
+            claimed = reconnecting(lambda: store.claim_many(self.identity, free, first))
         except Exception:
             logger.exception("worker.claim_failed free=%d", free)
             with self._lock:
                 self.backlog = True
+                self.first.extend(first)
             threading.Timer(CLAIM_RETRY, self._wanted.set).start()
         finally:
             release_connection()
+        runs = claimed.runs
         with self._lock:
             self.held -= free - len(runs)
-            if len(runs) == free:
-                self.backlog = True  # all it asked for: there may be more
+            if len(runs) == free or claimed.passed:
+                self.backlog = True  # all it asked for, or some were held: there may be more
             self._lock.notify_all()
+        if claimed.passed and len(runs) < free:
+            # Held by a short transaction: try again soon, then less and less often.
+            threading.Timer(self._passed_wait, self._wanted.set).start()
+            self._passed_wait = min(self._passed_wait * 2, PASSED_RETRY[1])
+        else:
+            self._passed_wait = PASSED_RETRY[0]
         for run in runs:
             self._threads.submit(self._execute, run)
 

@@ -195,6 +195,27 @@ def measure(n: int, workers: int) -> dict:
     }
 
 
+def start_latency(k: int, workers: int) -> list[float]:
+    """Seconds from each create to its run's start, one echo task at a time on an idle cluster."""
+    from agenttasks import lifecycle
+    from agenttasks.models import Run, Task, WorkerProcess
+
+    clean()
+    cluster = Cluster(workers)
+    user = bench_user()
+    try:
+        wait_until(lambda: WorkerProcess.objects.count() >= workers, 30)
+        seconds = []
+        for i in range(k):
+            task = lifecycle.create(owner=user, agent_id="echo", input=f"start {i}")
+            wait_until(lambda: Task.objects.filter(pk=task.id, status__in=TERMINAL).exists(), 30)
+            started_at = Run.objects.values_list("started_at", flat=True).get(pk=task.run_id)
+            seconds.append((started_at - task.created_at).total_seconds())
+    finally:
+        cluster.stop()
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -204,6 +225,7 @@ def main() -> None:
     parser.add_argument("--pieces", type=int, default=20)
     parser.add_argument("--workers", type=int, default=None, help="default: the demo's")
     parser.add_argument("--slots", type=int, default=None, help="default: the demo's")
+    parser.add_argument("--start", type=int, default=0, help="also K single tasks' start latency")
     parser.add_argument("--json", action="store_true", help="print one JSON line (run.py)")
     args = parser.parse_args()
     os.environ["AGENTTASKS_OVERRIDES"] = json.dumps(overrides(args.slots))
@@ -216,6 +238,8 @@ def main() -> None:
     server = model_server(args.latency, args.pieces)
     try:
         result = measure(args.n, workers)
+        if args.start:
+            result["start"] = start_latency(args.start, workers)
     finally:
         server.terminate()
     result.update(n=args.n, workers=workers, latency=args.latency)
@@ -230,6 +254,9 @@ def main() -> None:
         f"(creates took {result['created']:.1f} s)"
     )
     print("CPU seconds:", ", ".join(f"{k} {v:.1f}" for k, v in result["cpu"].items()))
+    if args.start:
+        ms = sorted(1000 * s for s in result["start"])
+        print(f"start latency of a single task: p50 {ms[len(ms) // 2]:.0f} ms, max {ms[-1]:.0f} ms")
 
 
 if __name__ == "__main__":

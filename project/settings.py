@@ -5,7 +5,6 @@ SQLite (embedded) by default; DATABASE_URL=postgres://user@host:port/name switch
 
 import json
 import os
-import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -66,10 +65,9 @@ TEMPLATES = [
 
 
 # A django-q2 worker process holds many runs in flight that share a bounded number of connections:
-# on PostgreSQL the cluster (`manage.py qcluster`) uses Django's connection pool unless DB_POOL=0,
-# and DB_POOL=1 turns it on for the web server too. DB_POOL_SIZE bounds each process's pool.
-RUNS_CLUSTER = sys.argv[1:2] == ["qcluster"]
-POOLED = os.environ.get("DB_POOL") == "1" or (RUNS_CLUSTER and os.environ.get("DB_POOL") != "0")
+# on PostgreSQL every process uses Django's connection pool (DB_POOL=0: persistent connections
+# instead, the web server's old default). DB_POOL_SIZE bounds each process's pool.
+POOLED = os.environ.get("DB_POOL") != "0"
 POOL_SIZE = int(os.environ.get("DB_POOL_SIZE", "10"))
 SERVER_SIDE_BINDING = os.environ.get("DB_SERVER_SIDE_BINDING") == "1"
 
@@ -86,9 +84,9 @@ def database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        # django-q2 closes connections around every step: reusing them is 7x faster (README, Database notes).
-        # Under ASGI every request runs in a thread of its own, so a persistent connection would
-        # be left behind by each; there DB_POOL=1 uses Django's connection pool instead.
+        # django-q2 closes connections around every step: reusing them is 7x faster (README,
+        # Database notes). Under ASGI every request runs in a thread of its own, so a persistent
+        # connection would be left behind by each: the pool serves both.
         "CONN_MAX_AGE": 0 if POOLED else 60,
         "CONN_HEALTH_CHECKS": not POOLED,
         "OPTIONS": {

@@ -43,6 +43,7 @@ class Cluster:
             "Q_WORKERS": str(self.workers),
             "AGENTTASKS_TEST_SETTINGS": json.dumps(self.settings),
             "PYTHONUNBUFFERED": "1",
+            "DB_POOL": "1",
             **self.env,
         }
         self._ready.clear()

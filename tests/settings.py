@@ -3,8 +3,12 @@
 import json
 import os
 
-from project.settings import *  # noqa: F403
-from project.settings import INSTALLED_APPS
+# The suite's own process keeps a persistent connection per thread (its threads stand for many
+# clients at once); the clusters it starts use the pool, as the demo does (tests/cluster.py).
+os.environ.setdefault("DB_POOL", "0")
+
+from project.settings import *  # noqa: E402, F403
+from project.settings import INSTALLED_APPS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.apps.TestAgentsConfig"]
 

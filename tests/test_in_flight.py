@@ -19,7 +19,7 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 from agenttasks import deltas, health, lifecycle, metrics, store, worker
-from agenttasks.models import Event, ReaperPass, Run, Task, WorkerProcess
+from agenttasks.models import Event, PendingAction, ReaperPass, Run, Task, WorkerProcess
 from agenttasks.runtime.model_client import model_io
 from agenttasks.store.endings import ORPHAN_TEXT
 from agenttasks.types import NewTask
@@ -269,14 +269,14 @@ def test_a_saturated_cluster_still_reaps_and_delivers_callbacks(start_cluster, u
 
 
 def _claim_seven(i: int) -> list[str]:
-    return [run.id for run in store.claim_many(f"host:{i}", 7)]
+    return [run.id for run in store.claim_many(f"host:{i}", 7).runs]
 
 
 @pytest.mark.postgres
 def test_eight_threads_claiming_at_once_claim_every_run_once(user):
     for _ in range(20):
         tasks = [store.create_task(NewTask(owner=user, agent="echo", input="x")) for _ in range(40)]
-        results = run_threads(_claim_seven, 8)
+        results = run_threads(_claim_seven, 8)  # some pass over what others hold
         assert not [r for r in results if isinstance(r, BaseException)], results
         claimed = [run_id for got in results for run_id in got]
         assert sorted(claimed) == sorted(t.run_id for t in tasks)
@@ -292,11 +292,12 @@ def test_eight_threads_claiming_at_once_claim_every_run_once(user):
 
 def test_a_claim_of_several_takes_the_named_runs_first_then_the_oldest(user):
     tasks = [store.create_task(NewTask(owner=user, agent="echo", input=f"{i}")) for i in range(5)]
-    claimed = store.claim_many("host:1", 3, first=[tasks[4].run_id])
+    claimed = store.claim_many("host:1", 3, first=[tasks[4].run_id]).runs
     assert [run.id for run in claimed] == [tasks[4].run_id, tasks[0].run_id, tasks[1].run_id]
     for run in claimed:
         assert (run.status, run.worker, run.task.status) == ("running", "host:1", "running")
-    assert store.claim_many("host:2", 10) and not store.claim_many("host:3", 10)
+    assert len(store.claim_many("host:2", 10).runs) == 2
+    assert store.claim_many("host:3", 10).runs == []
 
 
 def test_a_claim_of_several_leaves_delegate_children_to_their_callers(user, parent_run):
@@ -311,8 +312,8 @@ def test_a_claim_of_several_leaves_delegate_children_to_their_callers(user, pare
             delegation_key="k",
         )
     )
-    assert store.claim_many("host:1", 5) == []
-    (run,) = store.claim_many("host:1", 5, first=[child.run_id])  # its job named it
+    assert store.claim_many("host:1", 5).runs == []
+    (run,) = store.claim_many("host:1", 5, first=[child.run_id]).runs  # its job named it
     assert run.id == child.run_id
 
 
@@ -391,3 +392,35 @@ def test_sqlite_defaults_to_a_few_slots_and_postgresql_to_many():
         assert worker.slots_per_process() == expected
     with override_settings(AGENTTASKS={"WORKER_SLOTS": 12}):
         assert worker.slots_per_process() == 12
+
+
+def test_a_run_that_pauses_for_a_person_frees_its_slot(start_cluster, user):
+    start_cluster(workers=1, WORKER_SLOTS=1, MAX_ACTIVE_TASKS_PER_USER=0)
+    paused = lifecycle.create(owner=user, agent_id="approver", input="prod")
+    wait_for(
+        lambda: Task.objects.get(pk=paused.id).status == "waiting_for_input",
+        timeout=20,
+        message="the approval",
+    )
+    after = lifecycle.create(owner=user, agent_id="echo", input="next")  # the one slot is free
+    wait_for(lambda: settled([after]), timeout=20, message="the next task")
+    action = PendingAction.objects.get(task_id=paused.id)
+    lifecycle.resolve_action(action.id, {"approved": True})
+    wait_for(lambda: settled([paused]), timeout=20, message="the approved task")
+    assert Task.objects.get(pk=paused.id).status == "completed"
+
+
+def test_the_worker_check_asks_for_a_pool_on_postgresql(monkeypatch):
+    from agenttasks.checks import check_worker_connections
+
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {**options})
+    connection.settings_dict["OPTIONS"].pop("pool", None)
+    with override_settings(AGENTTASKS={"WORKER_SLOTS": 50}):
+        warned = [m.id for m in check_worker_connections()]
+        assert warned == (["agenttasks.W010"] if on_postgres() else [])
+        connection.settings_dict["OPTIONS"]["pool"] = {"max_size": 10}
+        assert check_worker_connections() == []
+    connection.settings_dict["OPTIONS"].pop("pool")
+    with override_settings(AGENTTASKS={"WORKER_SLOTS": 1}):
+        assert check_worker_connections() == []

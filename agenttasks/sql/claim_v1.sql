@@ -115,7 +115,8 @@ $$;
 -- with p_delegates), at most p_limit, in the order given: each is agenttasks_claim_v1 with
 -- SKIP LOCKED, written for all of them at once (each UPDATE, and so each statement trigger,
 -- runs once). Lock order as agenttasks_claim_v1's: the tasks and the parent conversations
--- SKIP LOCKED, then the tasks' conversations and runs, each in id order.
+-- SKIP LOCKED, then the tasks' conversations and runs, each in id order. Answers
+-- {"claims": [...], "passed": n}: n of the tasks it could have claimed were held elsewhere.
 CREATE FUNCTION agenttasks_claim_tasks_v1(
     p_run_ids text[], p_worker text, p_now timestamptz, p_limit integer, p_delegates boolean
 ) RETURNS jsonb
@@ -126,7 +127,12 @@ DECLARE
     v_fresh text[];
     v_events jsonb;
     v_claimed jsonb;
+    v_wanted integer;
 BEGIN
+    SELECT count(*) INTO v_wanted FROM agenttasks_task t
+     WHERE t.run_id = ANY(p_run_ids) AND t.status = 'pending'
+       AND (p_delegates OR t.kind <> 'delegate');
+    v_wanted := least(v_wanted, p_limit);
     SELECT array_agg(id) INTO v_tasks FROM (
         SELECT t.id FROM agenttasks_task t
          WHERE t.run_id = ANY(p_run_ids) AND t.status = 'pending'
@@ -135,7 +141,7 @@ BEGIN
          LIMIT p_limit
            FOR NO KEY UPDATE SKIP LOCKED) AS locked;
     IF v_tasks IS NULL THEN
-        RETURN '[]';
+        RETURN jsonb_build_object('claims', '[]'::jsonb, 'passed', v_wanted);
     END IF;
     SELECT array_agg(id) INTO v_parents FROM (
         SELECT c.id FROM agenttasks_conversation c
@@ -159,7 +165,7 @@ BEGIN
            AND (t.parent_conversation_id IS NULL
                 OR t.parent_conversation_id = ANY(coalesce(v_parents, '{}'))));
     IF cardinality(v_tasks) = 0 THEN
-        RETURN '[]';
+        RETURN jsonb_build_object('claims', '[]'::jsonb, 'passed', v_wanted);
     END IF;
     v_fresh := ARRAY(
         SELECT r.id FROM agenttasks_run r JOIN agenttasks_task t ON t.run_id = r.id
@@ -197,21 +203,25 @@ BEGIN
       JOIN agenttasks_run r ON r.id = t.run_id
       JOIN agenttasks_conversation c ON c.id = t.conversation_id
      WHERE t.id = ANY(v_tasks);
-    RETURN v_claimed;
+    RETURN jsonb_build_object(
+        'claims', v_claimed, 'passed', greatest(v_wanted - cardinality(v_tasks), 0));
 END
 $$;
 
 -- Claim up to p_limit queued runs for a worker in one statement: the runs named in p_first
 -- (the runs of the jobs that woke the worker, delegate children included) first, then the
 -- oldest queued runs. The claims take SKIP LOCKED, so concurrent claimers never wait for each
--- other and never claim one run twice. Answers an array of claims as agenttasks_claim_v1
--- writes them.
+-- other and never claim one run twice. Answers {"claims": [...], "passed": n}: the claims as
+-- agenttasks_claim_v1 writes them, and how many claimable runs it passed over because another
+-- transaction held them (the caller tries again soon).
 CREATE FUNCTION agenttasks_claim_runs_v1(
     p_worker text, p_limit integer, p_now timestamptz, p_first text[]
 ) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
     v_claimed jsonb := '[]';
+    v_round jsonb;
+    v_passed integer := 0;
     v_seen text[] := coalesce(p_first, '{}');
     v_ids text[] := coalesce(p_first, '{}');
     v_delegates boolean := true;
@@ -219,8 +229,10 @@ DECLARE
     v_answer jsonb;
 BEGIN
     LOOP
-        v_claimed := v_claimed || agenttasks_claim_tasks_v1(
+        v_round := agenttasks_claim_tasks_v1(
             v_ids, p_worker, p_now, p_limit - jsonb_array_length(v_claimed), v_delegates);
+        v_claimed := v_claimed || (v_round->'claims');
+        v_passed := v_passed + (v_round->>'passed')::integer;
         -- Runs without a task (a conversation's own), one by one.
         FOR v_id IN
             SELECT r.id FROM agenttasks_run r
@@ -232,6 +244,8 @@ BEGIN
             v_answer := agenttasks_claim_v1(v_id, p_worker, p_now, true, false);
             IF v_answer ? 'run' THEN
                 v_claimed := v_claimed || jsonb_build_array(v_answer);
+            ELSIF v_answer ? 'skipped' THEN
+                v_passed := v_passed + 1;
             END IF;
         END LOOP;
         EXIT WHEN jsonb_array_length(v_claimed) >= p_limit;
@@ -246,6 +260,6 @@ BEGIN
         EXIT WHEN cardinality(v_ids) = 0;
         v_seen := v_seen || v_ids;
     END LOOP;
-    RETURN v_claimed;
+    RETURN jsonb_build_object('claims', v_claimed, 'passed', v_passed);
 END
 $$;

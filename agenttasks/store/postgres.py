@@ -19,7 +19,7 @@ from django.utils.dateparse import parse_datetime
 
 from ..exceptions import RunNotFound, TaskNotFound
 from ..models import Conversation, Run, Task
-from ..types import Ended, Ending, RunOutcome
+from ..types import Claimed, Ended, Ending, RunOutcome
 from .locking import announce_events
 from .rows import result_fields, usage_counts
 
@@ -154,15 +154,11 @@ def claim(run_id: str, worker: str, now: datetime) -> Run | None:
     return _linked(answer)[1]
 
 
-def claim_many(worker: str, limit: int, now: datetime, first: list[str]) -> list[Run]:
+def claim_many(worker: str, limit: int, now: datetime, first: list[str]) -> Claimed:
     """Claim up to `limit` queued runs, those in `first` first, then the oldest (one statement)."""
-    value = _call("agenttasks_claim_runs_v1", worker, limit, now.isoformat(), first)
-    return [_linked(answer)[1] for answer in _answer_list(value)]
-
-
-def _answer_list(value: Any) -> list[dict[str, Any]]:
-    answers: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else value
-    return answers
+    answer = _answer(_call("agenttasks_claim_runs_v1", worker, limit, now.isoformat(), first))
+    runs = [_linked(claim)[1] for claim in answer["claims"]]
+    return Claimed(runs, int(answer["passed"]))
 
 
 def end(

@@ -33,7 +33,7 @@ from ..states import (
     TaskKind,
     TaskStatus,
 )
-from ..types import ActionRequest, NewTask, StopOutcome
+from ..types import ActionRequest, Claimed, NewTask, StopOutcome
 from . import postgres
 from .limits import check_active_limit, live_count, lock_principal, over_limit
 from .locking import (
@@ -285,7 +285,7 @@ def claim(run_id: str, worker: str = "") -> Run | None:
         return _claim_locked(run_id, worker, now, delegates=True)
 
 
-def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> list[Run]:
+def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
     """Claim up to `limit` queued runs in one statement: those named in `first`, then the oldest.
 
     Concurrent claimers pass over each other's rows (SKIP LOCKED on PostgreSQL) and never claim
@@ -293,7 +293,7 @@ def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> list[Run]:
     inline). Each run comes back as `claim` returns it.
     """
     if limit <= 0:
-        return []
+        return Claimed([])
     now = timezone.now()
     if postgres.enabled():
         return postgres.claim_many(worker, limit, now, list(first))
@@ -317,7 +317,7 @@ def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> list[Run]:
             if len(claimed) >= limit:
                 break
             _claim_into(claimed, run_id, worker, now, delegates=False)
-    return claimed
+    return Claimed(claimed)
 
 
 def _claim_into(claimed: list[Run], run_id: str, worker: str, now: datetime, **kw: bool) -> None:
