@@ -208,7 +208,8 @@ def start_latency(k: int, workers: int) -> list[float]:
         seconds = []
         for i in range(k):
             task = lifecycle.create(owner=user, agent_id="echo", input=f"start {i}")
-            wait_until(lambda: Task.objects.filter(pk=task.id, status__in=TERMINAL).exists(), 30)
+            done = Task.objects.filter(pk=task.id, status__in=TERMINAL)
+            wait_until(done.exists, 30)
             started_at = Run.objects.values_list("started_at", flat=True).get(pk=task.run_id)
             seconds.append((started_at - task.created_at).total_seconds())
     finally:

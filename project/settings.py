@@ -174,7 +174,11 @@ if os.environ.get("Q_BROKER") == "redis":
 AGENTTASKS = {
     # Runs in flight per worker process (README, "Sizing a node"): on PostgreSQL 500, so the
     # demo's 2 workers hold 1,000 at once on a 2-core machine; on SQLite its default (4).
-    **({"WORKER_SLOTS": int(os.environ.get("WORKER_SLOTS", "500"))} if DATABASES["default"]["ENGINE"].endswith("postgresql") else {}),
+    **(
+        {"WORKER_SLOTS": int(os.environ.get("WORKER_SLOTS", "500"))}
+        if DATABASES["default"]["ENGINE"].endswith("postgresql")
+        else {}
+    ),
     "DESCRIBE_STATE": {
         "": "project.agents.describe_state",
         "slow": "project.agents.describe_state",

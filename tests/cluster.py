@@ -13,6 +13,22 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def end_sessions(application_name: str) -> None:
+    """End the database sessions a killed cluster left (PostgreSQL).
+
+    A session whose process was killed lives on until its statement ends; one waiting for a
+    lock would wait for the test database's flush, and the flush for it.
+    """
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
+            [application_name],
+        )
+
+
 def database_env() -> dict:
     """Point a subprocess at the database the tests use."""
     settings = connection.settings_dict
@@ -31,6 +47,7 @@ class Cluster:
         self.workers = workers
         self.settings = settings or {}
         self.env = env or {}
+        self.application_name = f"agenttasks-test-cluster-{os.getpid()}-{id(self)}"
         self.process: subprocess.Popen | None = None
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -44,6 +61,7 @@ class Cluster:
             "AGENTTASKS_TEST_SETTINGS": json.dumps(self.settings),
             "PYTHONUNBUFFERED": "1",
             "DB_POOL": "1",
+            "PGAPPNAME": self.application_name,  # kill() ends its sessions by this name
             **self.env,
         }
         self._ready.clear()
@@ -73,6 +91,7 @@ class Cluster:
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+        end_sessions(self.application_name)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

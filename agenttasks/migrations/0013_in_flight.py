@@ -6,6 +6,8 @@
   They replace 0005's `agenttasks_claim_run`.
 - PostgreSQL: the task counts' trigger takes its row locks in status order
   (`agenttasks/sql/task_counts_v2.sql`), so a claim of many runs and the endings do not deadlock.
+- PostgreSQL: `agenttasks_append_to_v1`, a runtime's events appended in one statement
+  (`agenttasks/sql/events_v1.sql`).
 - `WorkerProcess`: each worker process's slots and runs in flight, for metrics and health.
 """
 
@@ -19,6 +21,7 @@ DROP_V1 = """
 DROP FUNCTION IF EXISTS agenttasks_claim_runs_v1(text, integer, timestamptz, text[]);
 DROP FUNCTION IF EXISTS agenttasks_claim_tasks_v1(text[], text, timestamptz, integer, boolean);
 DROP FUNCTION IF EXISTS agenttasks_claim_v1(text, text, timestamptz, boolean, boolean);
+DROP FUNCTION IF EXISTS agenttasks_append_to_v1(text, jsonb, timestamptz);
 """
 # The triggers back on 0012's function (which version 2 leaves in place).
 COUNTS_V1 = "\n".join(
@@ -40,6 +43,7 @@ def install(apps, schema_editor):
             cursor.execute(read("claim_v1.sql"))
             cursor.execute(DROP_CLAIM_RUN)
             cursor.execute(read("task_counts_v2.sql"))
+            cursor.execute(read("events_v1.sql"))
 
 
 def uninstall(apps, schema_editor):

@@ -42,7 +42,7 @@ def toolset(ctx: RunContext) -> dict[str, ToolSpec]:
     tools = {spec.name: spec for spec in ctx.agent.tools}
     # A task's own run never gets the four tools (delegates never; others per MAX_DEPTH).
     is_delegate = ctx.task is not None and ctx.task.kind == TaskKind.DELEGATE
-    if not is_delegate and background.attachable(ctx.conversation):
+    if not is_delegate and background.attachable(ctx.conversation, task=ctx.task):
         for spec in background.task_tools(ctx.conversation, ctx.run, stop_check=ctx.stop_now):
             tools[spec.name] = spec
     if ctx.agent.team:
@@ -182,19 +182,24 @@ class ChatRun:
     def _loop(self) -> RunOutcome:
         self.client = ModelClient(self.ctx, self.budget)
         self.tools = toolset(self.ctx)
-        _, outstanding = transcript(self.ctx.conversation_id, self.agent.system_prompt)
+        messages: list[dict] | None
+        messages, outstanding = transcript(self.ctx.conversation_id, self.agent.system_prompt)
+        # A turn boundary reads the stop request exactly; the first has the one the claim read.
+        stop = self.ctx.stop.value
         if outstanding:
             paused = self._settle(outstanding)
             if paused is not None:
                 return paused
+            messages, stop = None, self.ctx.read_stop_request()  # the results are in the log
         while True:
             self._check_stop()
-            if self.ctx.read_stop_request() == "after_turn":
+            if stop == "after_turn":
                 return self._outcome(OutcomeStatus.COMPLETED, graceful_stop=True)
             message = self.budget.before_call()
             if message:
                 raise BudgetExceeded(message)
-            messages, _ = transcript(self.ctx.conversation_id, self.agent.system_prompt)
+            if messages is None:
+                messages, _ = transcript(self.ctx.conversation_id, self.agent.system_prompt)
             self.budget.spend(turns=1)
             response = self.client.complete(
                 messages,
@@ -225,6 +230,7 @@ class ChatRun:
             self._append_results(response.calls, batch)
             if batch.outstanding:
                 return self._pause(batch)
+            messages, stop = None, self.ctx.read_stop_request()
 
     # stops --------------------------------------------------------------------------------
     def _check_stop(self) -> None:

@@ -1,8 +1,8 @@
 """Drive a claimed run: heartbeat it, execute its agent's runtime, hand over its ending.
 
 A worker process's slots (`worker.RunPool`, a thread per run) and the `task` tool (a delegate
-child, inline in its caller's thread) both run a claimed run through here. No transaction or row lock is held while the agent
-works; an exception becomes a failed run, never a lost one.
+child, inline in its caller's thread) both run a claimed run through here. No transaction or row
+lock is held while the agent works; an exception becomes a failed run, never a lost one.
 """
 
 import logging
@@ -55,6 +55,7 @@ class Heartbeat:
         self.flag = flag
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
+        self.mark: _Mark | None = None  # set while the heartbeat thread tracks it
 
     def start(self) -> None:
         beater().track(self)
@@ -94,7 +95,6 @@ class _Beater(threading.Thread):
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self._beats: dict[str, Heartbeat] = {}
-        self._marks: dict[str, _Mark] = {}
         self._touched: set[str] = set()
         self._reporters: list = []
         self._leases = store.Leases()
@@ -107,10 +107,9 @@ class _Beater(threading.Thread):
             self._reporters.append(reporter)
 
     def track(self, heartbeat: Heartbeat) -> None:
-        mark = _Mark(self, heartbeat.run_id)
+        mark = heartbeat.mark = _Mark(self, heartbeat.run_id)
         with self._lock:
             self._beats[heartbeat.run_id] = heartbeat
-            self._marks[heartbeat.run_id] = mark
             sooner = heartbeat.deadline < self._wake_at
         if sooner:  # a deadline before the next beat: plan the wait again
             self.wake.set()
@@ -124,12 +123,11 @@ class _Beater(threading.Thread):
         with self._lock:
             if self._beats.get(heartbeat.run_id) is heartbeat:
                 del self._beats[heartbeat.run_id]
-            mark = self._marks.pop(heartbeat.run_id, None)
-            self._touched.discard(heartbeat.run_id)
-        if mark is not None:
-            hub.discard(stop_key(heartbeat.run_id), mark)
+                self._touched.discard(heartbeat.run_id)
+        if heartbeat.mark is not None:
+            hub.discard(stop_key(heartbeat.run_id), heartbeat.mark)
             if heartbeat.task_id:
-                hub.discard(task_key(heartbeat.task_id), mark)
+                hub.discard(task_key(heartbeat.task_id), heartbeat.mark)
 
     def touch(self, run_id: str) -> None:
         """Read this run's stop request at once."""

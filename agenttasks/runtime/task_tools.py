@@ -274,8 +274,13 @@ def control_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:
     return task_tools(conversation, run, stop_check=stop_check)[1:]
 
 
-def attachable(conversation) -> bool:
-    """Whether a run on this conversation gets the tools: not a task's, or one below MAX_DEPTH."""
+def attachable(conversation, task=None) -> bool:
+    """Whether a run on this conversation gets the tools: not a task's, or one below MAX_DEPTH.
+
+    `task`, when the caller has it, is the task whose own conversation this is (no lookup).
+    """
+    if task is not None:
+        return task.depth < app_settings.MAX_DEPTH
     try:
         meta = lifecycle.meta_for(conversation)
     except Exception:

@@ -1,6 +1,8 @@
--- Tasks by status, version 2: as version 1 (migration 0012), but each statement takes its count
--- rows' locks in the order of their status, so two transactions of one shard that change tasks
--- at once (a claim of many runs and an ending, say) wait for each other, never deadlock.
+-- Tasks by status, version 2: as version 1 (migration 0012), with 256 shards instead of 8 (each
+-- connection writes the shard of its backend pid, so hundreds of runs ending at once rarely wait
+-- for one another's count rows), and each statement takes its rows' locks in the order of their
+-- status, so two transactions of one shard (a claim of many runs and an ending, say) wait for
+-- each other, never deadlock. The rows of version 1's shards keep counting in the sums.
 CREATE FUNCTION agenttasks_count_tasks_v2() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
@@ -8,17 +10,17 @@ BEGIN
         RETURN NULL;
     ELSIF TG_OP = 'INSERT' THEN
         INSERT INTO agenttasks_taskcount (status, shard, n)
-        SELECT status, pg_backend_pid() % 8, count(*) FROM counted_new
+        SELECT status, pg_backend_pid() % 256, count(*) FROM counted_new
          GROUP BY status ORDER BY status
         ON CONFLICT (status, shard) DO UPDATE SET n = agenttasks_taskcount.n + excluded.n;
     ELSIF TG_OP = 'DELETE' THEN
         INSERT INTO agenttasks_taskcount (status, shard, n)
-        SELECT status, pg_backend_pid() % 8, -count(*) FROM counted_old
+        SELECT status, pg_backend_pid() % 256, -count(*) FROM counted_old
          GROUP BY status ORDER BY status
         ON CONFLICT (status, shard) DO UPDATE SET n = agenttasks_taskcount.n + excluded.n;
     ELSE
         INSERT INTO agenttasks_taskcount (status, shard, n)
-        SELECT status, pg_backend_pid() % 8, sum(change) FROM (
+        SELECT status, pg_backend_pid() % 256, sum(change) FROM (
             SELECT status, 1 AS change FROM counted_new
             UNION ALL
             SELECT status, -1 FROM counted_old

@@ -23,9 +23,10 @@ from .deletion import (
     stored_files,
 )
 from .endings import ORPHAN_TEXT, end, finalize, record_run_end, release_retry_claim
+from .events import append_events
 from .leases import Leases
 from .limits import active_count, check_active_limit, live_count, lock_principal
-from .locking import Log, append_events, lock_conversation, lock_task
+from .locking import Log, lock_conversation, lock_task
 from .runs import (
     answer_conversation_run,
     conversation_busy,

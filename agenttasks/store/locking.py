@@ -213,15 +213,3 @@ def user_message_data(
     if metadata:
         data["metadata"] = metadata
     return data
-
-
-def append_events(
-    conversation_id: str, events: Iterable[tuple[str, dict[str, Any], str, str]]
-) -> list[Event]:
-    """Append (type, data, run_id, task_id) events to a conversation in one short transaction."""
-    with transaction.atomic():
-        log = Log()
-        lock_conversation(conversation_id, log)
-        added = [log.add(conversation_id, t, d, run_id=r, task_id=k) for t, d, r, k in events]
-        log.flush()
-    return added

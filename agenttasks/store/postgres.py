@@ -116,6 +116,14 @@ def event(
     }
 
 
+def append_to(conversation_id: str, events: list[dict[str, Any]]) -> bool:
+    """Append events to one conversation (locked here); False when there is no such one."""
+    appended: bool = _call(
+        "agenttasks_append_to_v1", conversation_id, JSON(events), timezone.now().isoformat()
+    )
+    return appended
+
+
 def create(
     conversation: Conversation,
     run: Run,
