@@ -121,7 +121,7 @@ def publish(conversation_id: str, run_id: str, delta: str) -> None:
 def end_reply(run_id: str) -> None:
     """Send what is left of a run's streamed reply now (before its message.assistant)."""
     current = _sender
-    if current is not None and current.holds(run_id):
+    if current is not None and current.is_alive() and current.holds(run_id):
         current.flush(run_id)
 
 

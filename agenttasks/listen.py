@@ -100,6 +100,11 @@ class Hub:
             self._repeats[(channel, payload)] = (every, 0.0)
         self._ensure_listening()
 
+    def announced(self, channel: str, payload: str) -> bool:
+        """Whether a repeated notification has gone out at least once in this session."""
+        with self._lock:
+            return self._repeats.get((channel, payload), (0.0, 0.0))[1] > 0
+
     def stop_repeating(self, channel: str, payload: str) -> None:
         with self._lock:
             self._repeats.pop((channel, payload), None)

@@ -3,10 +3,13 @@
 Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
 """
 
+import fcntl
 import functools
 import hashlib
 import logging
 import multiprocessing
+import os
+import tempfile
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -291,29 +294,36 @@ def on_job_end(receiver) -> None:
 
 
 def guard_task_queue() -> None:
-    """Make this worker wait for its next job without holding the queue's read lock.
+    """Make this worker read its jobs under a lock that a killed worker cannot keep.
 
     django-q2's workers read their jobs from one multiprocessing queue, whose `get()` holds a
-    lock shared by every worker while it waits for data. A worker killed while it waits (SIGKILL,
-    the OOM killer) takes the lock with it, and no worker of the cluster gets a job again. A
-    worker that holds runs in its slots waits for jobs nearly all the time, so here it waits for
-    data with no lock held, and takes the lock only to read a job that has arrived.
+    semaphore shared by every worker while it waits for data. A worker killed while it waits
+    (SIGKILL, the OOM killer) takes the semaphore with it, and no worker of the cluster gets a
+    job again; a worker that holds runs in its slots waits for jobs nearly all the time. So here
+    a worker waits for data holding nothing, and reads a job that has arrived under a POSIX
+    record lock on a file its sibling workers share, which the kernel releases when its holder
+    dies.
     """
     process = multiprocessing.current_process()
     task_queue: Any = (getattr(process, "_args", None) or (None,))[0]
-    needed = ("_reader", "_rlock", "_recv_bytes", "_sem")
-    if not all(hasattr(task_queue, name) for name in needed):
+    if not all(hasattr(task_queue, name) for name in ("_reader", "_recv_bytes", "_sem")):
         logger.warning("queue.unguarded: django-q2's task queue is not the one expected")
         return
+    # One file per sentinel: its workers, the first ones and those it starts later, share it.
+    path = os.path.join(tempfile.gettempdir(), f"agenttasks-queue-{os.getppid()}.lock")
+    lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     loads = multiprocessing.reduction.ForkingPickler.loads
 
     def get(block=True, timeout=None):
         while True:
             task_queue._reader.poll(None)  # until a job arrives, holding nothing
-            with task_queue._rlock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+            try:
                 if not task_queue._reader.poll(0):
                     continue  # another worker took it
                 data = task_queue._recv_bytes()
+            finally:
+                fcntl.lockf(lock, fcntl.LOCK_UN)
             task_queue._sem.release()
             return loads(data)
 

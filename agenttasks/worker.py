@@ -18,7 +18,6 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import util as multiprocessing_util
 
 from django.db import connection
@@ -86,7 +85,6 @@ class RunPool:
         self.retiring = False
         self._wanted = threading.Event()
         self._passed_wait = PASSED_RETRY[0]
-        self._threads = ThreadPoolExecutor(size, thread_name_prefix="agenttasks-slot")
         threading.Thread(target=self._claim_loop, name="agenttasks-claimer", daemon=True).start()
         beater().report(self.report)
         self._wanted.set()  # claim what queued up while no process had a free slot
@@ -149,7 +147,9 @@ class RunPool:
         else:
             self._passed_wait = PASSED_RETRY[0]
         for run in runs:
-            self._threads.submit(self._execute, run)
+            # A thread per run, ended with it: idle slots hold no stack (a pool of threads would
+            # keep as many as the busiest moment needed).
+            threading.Thread(target=self._execute, args=(run,), name="agenttasks-slot").start()
 
     def _execute(self, run: Run) -> None:
         try:

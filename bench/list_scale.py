@@ -96,7 +96,7 @@ def measure(tasks: int, users: int, port: int) -> dict[str, float]:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
-    from agenttasks.api.views.base import TASK_ORDER
+    from agenttasks.api.views.tasks import TASK_ORDER
     from agenttasks.models import Task
 
     clean()

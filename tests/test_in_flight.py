@@ -25,7 +25,7 @@ from agenttasks.store.endings import ORPHAN_TEXT
 from agenttasks.types import NewTask
 
 from .conftest import on_postgres, run_threads, wait_for
-from .fake_model import answer, hold
+from .fake_model import answer, hold, stream_answer
 
 pytest_plugins = ["tests.fake_model"]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,6 +138,16 @@ def test_now_stops_10_of_50_in_flight_abort_their_requests_and_no_other(start_cl
     statuses = Counter(Task.objects.filter(pk__in=[t.id for t in tasks]).values_list("status"))
     assert statuses == {("cancelled",): 10, ("completed",): 40}
     assert {t.id for t in Task.objects.filter(status="cancelled")} == {t.id for t in stopped}
+
+
+def _listening(cluster, channel: str) -> bool:
+    """Whether one of the cluster's sessions last said LISTEN `channel`."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query = %s",
+            [cluster.application_name, f"LISTEN {channel}"],
+        )
+        return cursor.fetchone()[0] > 0
 
 
 def _asked_by(request, tasks) -> bool:
@@ -424,3 +434,59 @@ def test_the_worker_check_asks_for_a_pool_on_postgresql(monkeypatch):
     connection.settings_dict["OPTIONS"].pop("pool")
     with override_settings(AGENTTASKS={"WORKER_SLOTS": 1}):
         assert check_worker_connections() == []
+
+
+@pytest.mark.postgres
+def test_a_reader_in_another_process_gets_every_piece_coalesced(start_cluster, model, user):
+    model.set(AGENTS={"writer": {"runtime": "chat", "model": "m-writer"}}, **FAST_LEASES)
+    pieces = [f"w{i} " for i in range(40)]
+    model.script(lambda r: stream_answer(pieces, gap=0.05))  # two seconds of pieces
+    cluster = start_cluster(workers=1, **model.values)
+    wait_for(lambda: _listening(cluster, deltas.FOLLOW_CHANNEL), message="the worker listening")
+    conversation = lifecycle.create_conversation(owner=user, agent_id="writer")
+    got: list[tuple[str, str]] = []
+
+    def reader(run_id, piece):
+        got.append((run_id, piece))
+
+    deltas.subscribe(conversation.id, reader)
+    try:
+        wait_for(
+            lambda: deltas.hub.announced(deltas.FOLLOW_CHANNEL, conversation.id),
+            message="the follow announcement",
+        )
+        lifecycle.post_message(conversation.id, "write")
+        reply = wait_for(
+            lambda: Event.objects.filter(
+                conversation_id=conversation.id, type="message.assistant"
+            ).first(),
+            timeout=20,
+            message="the stored reply",
+        )
+    finally:
+        deltas.unsubscribe(conversation.id, reader)
+    assert "".join(piece for _, piece in got) == "".join(pieces)
+    assert {run_id for run_id, _ in got} == {reply.run_id}
+    # Coalesced: at most four a second over the two seconds, and the rest at the reply's end.
+    assert len(got) <= 2 * 4 + 2, len(got)
+
+
+def test_a_worker_killed_while_it_waits_for_a_job_does_not_stop_the_cluster(start_cluster, user):
+    """django-q2's workers share one job queue; a worker killed while it waited on it used to
+    take the queue's lock with it, and no worker got a job again."""
+    cluster = start_cluster(workers=2, MAX_ACTIVE_TASKS_PER_USER=0)
+    for round_ in range(3):  # every worker waits for a job: kill one, then another
+        (pid, *_) = cluster.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda p=pid: pid_gone(p), message="the worker gone")
+        task = lifecycle.create(owner=user, agent_id="echo", input=f"after kill {round_}")
+        wait_for(lambda t=task: settled([t]), timeout=20, message="a task after the kill")
+        assert Task.objects.get(pk=task.id).status == "completed"
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return True
+    return False
