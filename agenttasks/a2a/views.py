@@ -30,7 +30,9 @@ from a2a.utils.errors import (
 )
 from a2a.utils.proto_utils import parse_params
 from django.http import HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
 from django.views import View
+from django.views.decorators.csrf import csrf_exempt
 from google.protobuf import json_format
 from rest_framework import exceptions
 from rest_framework.views import set_rollback
@@ -208,10 +210,17 @@ def _grpc(status: int) -> str:
 # --- the Agent Card ----------------------------------------------------------------------------
 
 
+@method_decorator(csrf_exempt, name="dispatch")  # read-only: another method is a JSON 405
 class AgentCardView(View):
     """The public Agent Card (discovery needs no identity: it says which one to bring)."""
 
     http_method_names = ["get", "head"]
+
+    def http_method_not_allowed(self, request, *args, **kwargs):
+        body = {"error": {"code": 405, "status": _grpc(405), "message": "Method not allowed"}}
+        response = JsonResponse(body, status=405)
+        response["Allow"] = "GET, HEAD"
+        return response
 
     def get(self, request, agentId):
         agent = a2a_agent(agentId)

@@ -95,7 +95,9 @@ def parse(request):
     if not raw.strip():
         return None
     try:
-        data = json.loads(raw, parse_constant=_constant, parse_float=_float)
+        # Decoded strictly first: json.loads would guess UTF-16 or UTF-32 from the bytes, and a
+        # decoded text that starts with a byte order mark does not parse.
+        data = json.loads(raw.decode("utf-8"), parse_constant=_constant, parse_float=_float)
     except (ValueError, RecursionError):
         raise errors.validation("Malformed JSON body") from None
     if not isinstance(data, dict):

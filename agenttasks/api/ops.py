@@ -8,6 +8,7 @@ scraper carries no user. Details and metrics are guarded by tokens of their own
 import hmac
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from .. import health as health_check
 from .. import metrics as collected
@@ -33,6 +34,8 @@ def _is_staff(request: HttpRequest) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_staff)
 
 
+# Read-only views: exempt from CSRF so that a write method meets the JSON 405, not Django's HTML 403.
+@csrf_exempt
 def health(request: HttpRequest) -> HttpResponse:
     """200 {"status": "ok"} or 503 {"status": "degraded", "reasons": [...]}; details for staff."""
     if request.method not in SAFE_METHODS:
@@ -44,6 +47,7 @@ def health(request: HttpRequest) -> HttpResponse:
     return response
 
 
+@csrf_exempt
 def metrics(request: HttpRequest) -> HttpResponse:
     """The Prometheus text format, when METRICS_ENABLED (and with METRICS_TOKEN when set)."""
     if not app_settings.METRICS_ENABLED:

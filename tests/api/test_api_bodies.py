@@ -193,3 +193,21 @@ def test_runserver_reads_a_body_without_a_content_type(server_process, as_alice)
         connection.close()
     assert statuses == [201, 415]  # a declared text/plain is still refused
     assert Task.objects.filter(input="untyped").count() == 1
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"agentId": "echo", "input": "hi"}'.encode("utf-16"),
+        '{"agentId": "echo", "input": "hi"}'.encode("utf-16-le"),
+        '{"agentId": "echo", "input": "hi"}'.encode("utf-32"),
+        '{"agentId": "echo", "input": "hi"}'.encode("utf-8-sig"),
+        b'{"agentId": "echo", "input": "h\xff\xfei"}',
+    ],
+    ids=["utf-16", "utf-16-le", "utf-32", "utf-8-bom", "invalid-utf-8"],
+)
+def test_a_body_that_is_not_utf_8_is_malformed_and_writes_nothing(as_alice, raw):
+    before = rows()
+    response = as_alice.post("/tasks", raw=raw, content_type="application/json")
+    error(response, 400, "VALIDATION_ERROR", "Malformed JSON body")
+    assert rows() == before

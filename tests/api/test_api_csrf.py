@@ -106,3 +106,33 @@ def test_a_missing_or_wrong_token_is_forbidden(browser, token, reason):
     found = error(response, 403, "FORBIDDEN")
     assert found["message"] == f"CSRF Failed: {reason}"
     assert Task.objects.count() == 0 and Comment.objects.count() == 0
+
+
+READ_ONLY_VIEWS = [
+    ("post", f"{PREFIX}/health"),
+    ("delete", f"{PREFIX}/health"),
+    ("post", f"{PREFIX}/metrics"),
+    ("delete", f"{PREFIX}/metrics"),
+    ("post", f"{PREFIX}/a2a/echo/.well-known/agent-card.json"),
+    ("put", f"{PREFIX}/a2a/echo/.well-known/agent-card.json"),
+]
+
+
+@pytest.mark.parametrize("signed_in", [False, True])
+@pytest.mark.parametrize("method,path", READ_ONLY_VIEWS)
+def test_a_write_method_on_a_read_only_view_is_a_json_405_under_csrf(
+    alice, method, path, signed_in, settings
+):
+    # Django's test client skips CSRF checks unless told: with them, the middleware answered an
+    # HTML 403 before these views could answer 405.
+    settings.AGENTTASKS = {**settings.AGENTTASKS, "METRICS_ENABLED": True}
+    client = Client(enforce_csrf_checks=True)
+    if signed_in:
+        alice.is_staff = True  # she logs in through the admin's form
+        alice.set_password("alice-password")
+        alice.save()
+        client = Browser("alice", "alice-password").client
+    response = getattr(client, method)(path, "{}", content_type="application/json")
+    assert response.status_code == 405, response.content
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"]["code"] in ("METHOD_NOT_ALLOWED", 405)
