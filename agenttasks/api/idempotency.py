@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 from datetime import timedelta
+from urllib.parse import quote
 
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
@@ -32,6 +33,9 @@ IN_PROGRESS = "A request with this Idempotency-Key is still being processed; try
 LOCK_NOT_AVAILABLE = "55P03"
 RECORDED_HEADERS = ("Location",)
 ATTEMPTS = 3
+PATH_SAFE = "/:@!$&'()*+,;=-._~"
+# The one key of a recorded body kept as JSON text (see _storable).
+ENCODED = "agenttasks:json"
 
 
 def key_of(request) -> str | None:
@@ -71,7 +75,8 @@ def run(view, request, key: str, call):
     principal = f"user:{user.pk}" if user is not None else "anonymous"
     wanted = {
         "method": request.method,
-        "path": request.path.rstrip("/") or "/",
+        # Percent-encoded: a path may hold a NUL (`task_%00`), which PostgreSQL's text cannot.
+        "path": quote(request.path.rstrip("/") or "/", safe=PATH_SAFE, errors="surrogatepass"),
         "request_hash": fingerprint(view.body),
     }
     with transaction.atomic():
@@ -89,7 +94,7 @@ def run(view, request, key: str, call):
             headers = {h: response[h] for h in RECORDED_HEADERS if response.has_header(h)}
             IdempotencyKey.objects.filter(pk=row.pk).update(
                 status_code=response.status_code,
-                response_body=response.data,
+                response_body=_storable(response.data),
                 response_headers=headers,
             )
         else:
@@ -162,4 +167,21 @@ def _replay(found: IdempotencyKey, wanted: dict) -> Response:
     if found.status_code is None:
         raise errors.conflict("idempotency_key_in_progress", IN_PROGRESS)
     headers = {**(found.response_headers or {}), REPLAYED: "true"}
-    return Response(found.response_body, status=found.status_code, headers=headers)
+    return Response(_stored(found.response_body), status=found.status_code, headers=headers)
+
+
+def _storable(body):
+    """The body as JSONB can hold it: one quoting a NUL or a lone surrogate is kept as JSON text."""
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return {ENCODED: json.dumps(body)}
+    return {ENCODED: text} if "\\u0000" in text else body
+
+
+def _stored(body):
+    """Read back what `_storable` kept."""
+    if isinstance(body, dict) and set(body) == {ENCODED}:
+        return json.loads(body[ENCODED])
+    return body

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agenttasks import lifecycle
+from agenttasks.api import idempotency
 from agenttasks.models import Comment, Conversation, Event, IdempotencyKey, Run, Task
 
 from ..conftest import run_threads
@@ -326,3 +327,45 @@ def test_a_repeat_while_the_first_is_in_progress_is_409(as_alice, alice):
     # The first rolled back: the key is free, and this request is the first.
     again = as_alice.post("/tasks", {"agentId": "echo", "input": "hi"}, **{KEY: "busy"})
     assert again.status_code == 201 and not again.has_header("Idempotent-Replayed")
+
+
+NUL_PATHS = [
+    "/tasks/task_%00/cancel",
+    "/tasks/task_%00/retry",
+    "/tasks/task_%00/comments",
+    "/conversations/conv_%00/messages",
+    "/conversations/conv_%00/actions/act_%00",
+]
+
+
+@pytest.mark.parametrize("path", NUL_PATHS)
+def test_a_keyed_request_on_a_path_with_a_nul_answers_as_unkeyed(as_alice, path):
+    body = {"content": "x", "answers": {"q": "PDF"}}
+    unkeyed = as_alice.post(path, body)
+    assert unkeyed.status_code in (400, 404), unkeyed.content
+    first = as_alice.post(path, body, **{KEY: "k1"})
+    again = as_alice.post(path, body, **{KEY: "k1"})
+    assert (first.status_code, first.json()) == (unkeyed.status_code, unkeyed.json())
+    assert (again.status_code, again.json()) == (unkeyed.status_code, unkeyed.json())
+    assert again["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.parametrize("text", ["q\u0000", "q\ud800"], ids=["nul", "lone-surrogate"])
+def test_a_recorded_answer_quoting_unstorable_text_is_kept_and_replayed(alice, text):
+    # A 400 may quote what the client sent ({"answers": {"q\u0000": "PDF"}} on an action);
+    # PostgreSQL's JSONB holds neither a NUL nor a lone surrogate.
+    body = {"error": {"code": "VALIDATION_ERROR", "message": f"unknown question {text}"}}
+    now = timezone.now()
+    row = IdempotencyKey.objects.create(
+        principal=f"user:{alice.pk}",
+        owner=alice,
+        key="k2",
+        created_at=now,
+        expires_at=now + timedelta(hours=1),
+        method="POST",
+        path="/x",
+        request_hash="h",
+        status_code=400,
+        response_body=idempotency._storable(body),
+    )
+    assert idempotency._stored(IdempotencyKey.objects.get(pk=row.pk).response_body) == body
