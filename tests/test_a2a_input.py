@@ -3,6 +3,7 @@
 by SendMessage with the task's id; contexts; the REST limits; protocol error codes."""
 
 import base64
+import json
 
 import httpx
 import pytest
@@ -235,3 +236,34 @@ def test_malformed_params_are_protocol_errors_and_write_nothing(server, alice, p
     answer = rpc(server, alice.token, "docs", "SendMessage", params)
     assert answer["error"]["code"] in (-32602, -32600, -32001, -32005), answer
     assert not Task.objects.exists()
+
+
+def test_an_unknown_list_status_is_invalid_params_on_both_bindings(server, alice):
+    # Parsing that ignores unknown fields read "BOGUS" as no status: the whole list came back.
+    for status in ("BOGUS", 99):
+        answer = rpc(server, alice.token, "echo", "ListTasks", {"status": status})
+        assert answer["error"]["code"] == -32602, answer
+        rest = httpx.get(
+            card_url(server, "echo") + "/rest/tasks",
+            params={"status": status},
+            headers={"Authorization": f"Token {alice.token}", "A2A-Version": "1.0"},
+        )
+        assert rest.status_code == 400, rest.text
+    known = rpc(server, alice.token, "echo", "ListTasks", {"status": "TASK_STATE_COMPLETED"})
+    assert "error" not in known, known
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig", "utf-32"])
+def test_a_body_that_is_not_utf_8_is_a_parse_error_on_both_bindings(server, alice, encoding):
+    headers = {"Authorization": f"Token {alice.token}", "Content-Type": "application/json"}
+    root = card_url(server, "echo")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {}}}
+    rpc_answer = httpx.post(root + "/", content=json.dumps(body).encode(encoding), headers=headers)
+    assert rpc_answer.status_code == 200 and rpc_answer.json()["error"]["code"] == -32700
+    rest = httpx.post(
+        root + "/rest/message:send",
+        content=json.dumps({"message": {}}).encode(encoding),
+        headers=headers,
+    )
+    assert rest.status_code == 400, rest.text
+    assert Task.objects.count() == 0

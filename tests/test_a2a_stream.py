@@ -260,3 +260,23 @@ def test_push_notification_of_input_required(peer, cluster, receiver, binding, s
     assert text_of(update.status.message.parts) == "Which format?"
     (data,) = [p for p in update.status.message.parts if p.WhichOneof("content") == "data"]
     assert json_format.MessageToDict(data.data)["pendingActions"][0]["kind"] == "question"
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_subscription_ends_when_its_conversation_is_deleted(peer, cluster, binding):
+    import threading
+
+    from agenttasks import store
+    from agenttasks.models import Slot
+
+    client = peer("slow", binding)
+    task = client.send(text_message("hold"), immediately=True, metadata={"seconds": 60})
+    followed = []
+    thread = threading.Thread(target=lambda: followed.append(client.subscribe(task.id)))
+    thread.start()
+    wait_for(lambda: Slot.objects.filter(key__startswith="stream:").exists(), message="a stream")
+    # What a DELETE does first; its rows then go, and with them the update that ends a stream.
+    store.mark_deleting(Task.objects.get(pk=task.id).conversation_id)
+    thread.join(15)
+    assert not thread.is_alive(), "the subscription outlived its conversation's deletion"
+    wait_for(lambda: not Slot.objects.exists(), message="the place given back")

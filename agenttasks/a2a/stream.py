@@ -17,6 +17,7 @@ from a2a.types import a2a_pb2 as pb
 from google.protobuf import json_format
 
 from ..api import slots
+from ..api.streams import DELETED_CHECK
 from ..models import Conversation, Event, Task
 from ..states import TERMINAL, TaskStatus
 from . import mapping
@@ -49,7 +50,7 @@ class TaskFollower:
             Task.objects.filter(pk=task_id).values_list("conversation_id", flat=True).get()
         )
         self.context_id = ""
-        self._renewed = self._client_checked = time.monotonic()
+        self._renewed = self._client_checked = self._deletion_checked = time.monotonic()
 
     def attach(self, woken) -> None:
         """Nothing transient to receive: A2A streams carry no deltas."""
@@ -82,8 +83,20 @@ class TaskFollower:
         return self._dict(pb.StreamResponse(task=self.call.present(task)))
 
     def poll(self) -> str:
-        """The frames of the task's events committed since the last read ("" when none)."""
-        return "".join(self.frame(update) for update in self._read())
+        """The frames of the task's events committed since the last read ("" when none).
+
+        Like the REST stream, it ends once the conversation is being deleted: the rows it would
+        read next are going, and so is the terminal update that would have ended it.
+        """
+        text = "".join(self.frame(update) for update in self._read())
+        now = time.monotonic()
+        if not text and not self.done and now - self._deletion_checked >= DELETED_CHECK:
+            self._deletion_checked = now
+            if not Conversation.objects.filter(
+                pk=self.conversation_id, deleting_at__isnull=True
+            ).exists():
+                self.done = True
+        return text
 
     def _read(self) -> list[dict]:
         events = list(

@@ -274,10 +274,39 @@ READS = {
 
 
 def parse(cls, params):
+    check_enums(cls, params or {})
     try:
         return json_format.ParseDict(params or {}, cls(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:
         raise InvalidParamsError(str(exc)) from None
+
+
+def check_enums(cls, params) -> None:
+    """Refuse an unknown value of a top-level enum (`status: "BOGUS"`).
+
+    Parsing that ignores unknown fields reads an unknown enum name as the unset value, which
+    would filter nothing.
+    """
+    if not isinstance(params, dict):  # a QueryDict is one too; ParseDict refuses the rest
+        return
+    for field in cls.DESCRIPTOR.fields:
+        if field.enum_type is None:
+            continue
+        for name in {field.json_name, field.name}:
+            if name not in params:
+                continue
+            value = params[name]
+            if isinstance(value, str) and value.lstrip("-").isdigit():
+                value = int(value)
+            known = (
+                value in field.enum_type.values_by_name
+                if isinstance(value, str)
+                else isinstance(value, int)
+                and not isinstance(value, bool)
+                and value in field.enum_type.values_by_number
+            )
+            if not known:
+                raise InvalidParamsError(f"Unknown {field.json_name}: {value}")
 
 
 class JsonRpcView(A2AView):
@@ -387,6 +416,7 @@ class RestView(A2AView):
 
     def query(self, cls):
         message = cls()
+        check_enums(cls, self.request.query_params)
         try:
             parse_params(self.request.query_params, message)
         except (json_format.ParseError, TypeError, ValueError) as exc:
