@@ -35,6 +35,7 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "IDEMPOTENCY_WAIT": 5,
     "DEFAULT_TIMEOUT": 600,
     "SHUTDOWN_GRACE": 30,
+    "MAX_PUSH_CONFIGS_PER_TASK": 10,
 }
 
 DEFAULTS: dict[str, Any] = {

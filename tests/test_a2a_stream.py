@@ -280,3 +280,43 @@ def test_a_subscription_ends_when_its_conversation_is_deleted(peer, cluster, bin
     thread.join(15)
     assert not thread.is_alive(), "the subscription outlived its conversation's deletion"
     wait_for(lambda: not Slot.objects.exists(), message="the place given back")
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_push_configs_per_task_are_capped(peer, cluster, receiver, binding, settings):
+    settings.AGENTTASKS = {
+        **settings.AGENTTASKS,
+        **ALLOW_LOOPBACK,
+        "MAX_PUSH_CONFIGS_PER_TASK": 2,
+    }
+    client = peer("echo", binding)
+    task = client.send(text_message("hi"), immediately=True)
+    client.create_config(push_config(receiver, task.id, "one"))
+    client.create_config(push_config(receiver, task.id, "two"))
+    with pytest.raises(InvalidParamsError, match="at most 2 push notification configs"):
+        client.create_config(push_config(receiver, task.id, "three"))
+    client.create_config(push_config(receiver, task.id, "two"))  # a replacement is no new one
+    assert A2APushConfig.objects.filter(task_id=task.id).count() == 2
+
+
+def test_the_push_config_cap_holds_under_concurrent_creates(alice, receiver, settings):
+    from django.db import connection, transaction
+
+    from agenttasks import lifecycle
+    from agenttasks.a2a import push
+
+    from .conftest import run_threads
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL row locks; SQLite serializes whole transactions")
+    settings.AGENTTASKS = {**settings.AGENTTASKS, "MAX_PUSH_CONFIGS_PER_TASK": 3}
+    task = lifecycle.create(owner=alice, agent_id="echo", input="x")
+
+    def create(i):
+        with transaction.atomic():
+            return push.store_config(task, push_config(receiver, task.id))
+
+    results = run_threads(create, 8)
+    assert sum(isinstance(r, A2APushConfig) for r in results) == 3, results
+    assert all(isinstance(r, (A2APushConfig, InvalidParamsError)) for r in results), results
+    assert A2APushConfig.objects.filter(task_id=task.id).count() == 3

@@ -70,6 +70,14 @@ def store_config(task: Task, config: pb.TaskPushNotificationConfig) -> A2APushCo
         "auth_scheme": config.authentication.scheme,
         "auth_credentials": config.authentication.credentials,
     }
+    # Counted under the task's row lock (the caller's transaction), so concurrent creates
+    # cannot pass the cap together.
+    Task.objects.select_for_update().filter(pk=task.pk).values_list("pk", flat=True).first()
+    configs = A2APushConfig.objects.filter(task=task)
+    cap = int(app_settings.MAX_PUSH_CONFIGS_PER_TASK)
+    replacing = bool(config.id) and configs.filter(config_id=config.id).exists()
+    if not replacing and configs.count() >= cap:
+        raise InvalidParamsError(f"A task has at most {cap} push notification configs")
     if config.id:
         row, _ = A2APushConfig.objects.update_or_create(
             task=task, config_id=config.id, defaults=fields
