@@ -2,13 +2,18 @@
 """A2A SendStreamingMessage, SubscribeToTask and push notifications (docs/a2a.md#streaming,
 docs/a2a.md#push-notifications), with the real a2a-sdk client on both bindings."""
 
+import threading
+
 import httpx
 import pytest
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedOperationError
+from django.db import connection, transaction
 from google.protobuf import json_format
 
-from agenttasks.models import A2AContext, A2APushConfig, Event, Task
+from agenttasks import lifecycle, store
+from agenttasks.a2a import push
+from agenttasks.models import A2AContext, A2APushConfig, Event, Slot, Task
 
 from .a2a_support import (  # noqa: F401  (fixtures)
     ALLOW_LOOPBACK,
@@ -22,7 +27,7 @@ from .a2a_support import (  # noqa: F401  (fixtures)
     text_message,
     text_of,
 )
-from .conftest import wait_for
+from .conftest import run_threads, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -37,6 +42,16 @@ def progress_of(events) -> list[str]:
         for e in events
         if e.HasField("status_update") and "progress" in e.status_update.metadata
     ]
+
+
+def follow_in_thread(client):
+    """Start a 60 s task and subscribe to it in a thread; return (task, thread, frames)."""
+    task = client.send(text_message("hold"), immediately=True, metadata={"seconds": 60})
+    followed: list = []
+    thread = threading.Thread(target=lambda: followed.append(client.subscribe(task.id)))
+    thread.start()
+    wait_for(lambda: Slot.objects.filter(key__startswith="stream:").exists(), message="a stream")
+    return task, thread, followed
 
 
 @pytest.mark.parametrize("binding", BINDINGS)
@@ -189,10 +204,6 @@ def test_streams_under_asgi(asgi_peer, cluster):
 
 
 def test_push_delivery_is_retried_with_backoff_then_deduplicated(alice, receiver, settings):
-    from agenttasks import lifecycle, store
-    from agenttasks.a2a import push
-    from agenttasks.models import A2APushConfig
-
     settings.AGENTTASKS = {**settings.AGENTTASKS, **ALLOW_LOOPBACK}
     task = lifecycle.create(owner=alice, agent_id="echo", input="x")
     config = A2APushConfig.objects.create(task=task, url=receiver.url, auth_scheme="Bearer")
@@ -222,17 +233,9 @@ def test_push_delivery_is_retried_with_backoff_then_deduplicated(alice, receiver
 
 @pytest.mark.parametrize("binding", BINDINGS)
 def test_open_streams_are_capped_before_anything_is_sent(peer, cluster, settings, binding):
-    import threading
-
-    from agenttasks.models import Slot
-
     settings.AGENTTASKS = {**settings.AGENTTASKS, "MAX_STREAMS_PER_USER": 1}
     client = peer("slow", binding)
-    task = client.send(text_message("hold"), immediately=True, metadata={"seconds": 60})
-    followed = []
-    thread = threading.Thread(target=lambda: followed.append(client.subscribe(task.id)))
-    thread.start()
-    wait_for(lambda: Slot.objects.filter(key__startswith="stream:").exists(), message="a stream")
+    task, thread, followed = follow_in_thread(client)
     with pytest.raises(Exception, match="429"):
         client.stream(text_message("more"))
     assert Task.objects.count() == 1  # the refused stream created nothing
@@ -264,17 +267,7 @@ def test_push_notification_of_input_required(peer, cluster, receiver, binding, s
 
 @pytest.mark.parametrize("binding", BINDINGS)
 def test_a_subscription_ends_when_its_conversation_is_deleted(peer, cluster, binding):
-    import threading
-
-    from agenttasks import store
-    from agenttasks.models import Slot
-
-    client = peer("slow", binding)
-    task = client.send(text_message("hold"), immediately=True, metadata={"seconds": 60})
-    followed = []
-    thread = threading.Thread(target=lambda: followed.append(client.subscribe(task.id)))
-    thread.start()
-    wait_for(lambda: Slot.objects.filter(key__startswith="stream:").exists(), message="a stream")
+    task, thread, _ = follow_in_thread(peer("slow", binding))
     # What a DELETE does first; its rows then go, and with them the update that ends a stream.
     store.mark_deleting(Task.objects.get(pk=task.id).conversation_id)
     thread.join(15)
@@ -300,13 +293,6 @@ def test_push_configs_per_task_are_capped(peer, cluster, receiver, binding, sett
 
 
 def test_the_push_config_cap_holds_under_concurrent_creates(alice, receiver, settings):
-    from django.db import connection, transaction
-
-    from agenttasks import lifecycle
-    from agenttasks.a2a import push
-
-    from .conftest import run_threads
-
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL row locks; SQLite serializes whole transactions")
     settings.AGENTTASKS = {**settings.AGENTTASKS, "MAX_PUSH_CONFIGS_PER_TASK": 3}

@@ -70,9 +70,9 @@ def store_config(task: Task, config: pb.TaskPushNotificationConfig) -> A2APushCo
         "auth_scheme": config.authentication.scheme,
         "auth_credentials": config.authentication.credentials,
     }
-    # Counted under the task's row lock (the caller's transaction), so concurrent creates
-    # cannot pass the cap together.
-    Task.objects.select_for_update().filter(pk=task.pk).values_list("pk", flat=True).first()
+    # Counted under the task's lock (the caller's transaction), so concurrent creates cannot
+    # pass the cap together.
+    store.lock_task(task.pk)
     configs = A2APushConfig.objects.filter(task=task)
     cap = int(app_settings.MAX_PUSH_CONFIGS_PER_TASK)
     replacing = bool(config.id) and configs.filter(config_id=config.id).exists()

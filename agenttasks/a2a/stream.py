@@ -92,9 +92,7 @@ class TaskFollower:
         now = time.monotonic()
         if not text and not self.done and now - self._deletion_checked >= DELETED_CHECK:
             self._deletion_checked = now
-            if not Conversation.objects.filter(
-                pk=self.conversation_id, deleting_at__isnull=True
-            ).exists():
+            if not Conversation.objects.visible().filter(pk=self.conversation_id).exists():
                 self.done = True
         return text
 

@@ -177,7 +177,7 @@ def _storable(body):
         text.encode("utf-8")
     except UnicodeEncodeError:
         return {ENCODED: json.dumps(body)}
-    return {ENCODED: text} if "\\u0000" in text else body
+    return body if "\\u0000" not in text else {ENCODED: text}
 
 
 def _stored(body):

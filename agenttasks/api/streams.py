@@ -197,9 +197,7 @@ class EventStream:
         text, count = self._read()
         if not count and time.monotonic() - self._checked >= DELETED_CHECK:
             self._checked = time.monotonic()
-            if not Conversation.objects.filter(
-                pk=self.conversation_id, deleting_at__isnull=True
-            ).exists():
+            if not Conversation.objects.visible().filter(pk=self.conversation_id).exists():
                 self.done = True
         return text
 
