@@ -22,24 +22,18 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from django.utils import timezone
 
-from . import __version__, metrics, queue, store
+from . import __version__, deliveries, metrics, queue, store
 from .conf import app_settings
 from .exceptions import ConversationNotFound
 from .models import Task
 from .signatures import SIGNATURE_HEADER, signature
 from .signatures import InvalidSignature as InvalidSignature  # the receiver's side, re-exported
 from .signatures import verify as verify
-from .states import TaskStatus
+from .states import NOTIFIED, TaskStatus
 from .text import iso
 
 logger = logging.getLogger(__name__)
 
-NOTIFIED = (
-    TaskStatus.COMPLETED,
-    TaskStatus.FAILED,
-    TaskStatus.WAITING_FOR_INPUT,
-    TaskStatus.CANCELLED,
-)
 MAX_URL_LENGTH = 2000
 DEFAULT_PORTS = {"http": 80, "https": 443}
 # IPv6 prefixes that carry an IPv4 address in their last 32 bits, which a translator reaches:
@@ -157,17 +151,24 @@ def check_address(url: str) -> list[str]:
 
 
 def schedule(task, status: str) -> None:
-    """Queue the callback of a task entering `status`, once per ending, if it has a URL."""
+    """Queue the callback of a task entering `status`, once per ending, if it has a URL.
+
+    The ending recorded it as owed (docs/rest.md#callbacks): if this job is lost, the reaper
+    queues it again.
+    """
     if task.callback_url and status in NOTIFIED:
-        queue.enqueue_job("agenttasks.callbacks.send", task.id, status, task.version)
+        queue.enqueue_job(deliveries.CALLBACK_JOB, task.id, status, task.version)
 
 
 def send(task_id: str, status: str, version: int = 0) -> dict | None:
     """POST the callback of one ending (the queued job); record and log the outcome."""
-    if version and not Task.objects.filter(pk=task_id, callback_version__lt=version).update(
-        callback_version=version
-    ):
-        return None  # this ending's callback was already sent (a job delivered twice)
+    if version:
+        claimed = Task.objects.filter(pk=task_id, callback_version__lt=version).update(
+            callback_version=version
+        )
+        deliveries.settle_callback(task_id, version)
+        if not claimed:
+            return None  # this ending's callback was already sent (a job delivered twice)
     # A delete always wins: a task whose tree is being deleted (or is gone) is owed nothing.
     task = (
         Task.objects.filter(pk=task_id, conversation__deleting_at__isnull=True)

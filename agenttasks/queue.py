@@ -200,7 +200,11 @@ def launch_on_commit(run_id: str) -> None:
 
 
 def enqueue_job(func: str, *args) -> None:
-    """Enqueue any other job (callbacks, wake-up delivery) after commit, logging failures."""
+    """Enqueue any other job (callbacks, wake-up delivery) after commit, logging failures.
+
+    What these jobs deliver is recorded in the database first (deliveries owed, wake-up debt),
+    so the reaper sends again what a failed enqueue left owed.
+    """
 
     def send():
         try:
@@ -209,6 +213,11 @@ def enqueue_job(func: str, *args) -> None:
             logger.exception("enqueue failed func=%s args=%s", func, args)
 
     transaction.on_commit(send)
+
+
+def enqueue_now(func: str, *args) -> None:
+    """Enqueue any other job now; a failure reaches the caller."""
+    _backend.enqueue(func, *args)
 
 
 def install_schedule(name: str, func: str, minutes: int = 1, *, daily: bool = False) -> None:

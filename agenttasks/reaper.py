@@ -1,4 +1,5 @@
-"""The reaper: fail runs whose worker died, re-enqueue forgotten runs, time out actions.
+"""The reaper: fail runs whose worker died, re-enqueue forgotten runs and deliveries, time out
+actions.
 
 It runs at cluster start and every REAP_INTERVAL in each worker process (a daemon thread), as a
 django-q2 schedule that installs itself, and as `manage.py agenttasks_reap`. Every rule is
@@ -13,7 +14,7 @@ import threading
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import health, lifecycle, metrics, queue, retention, store
+from . import deliveries, health, lifecycle, metrics, queue, retention, store
 from .conf import app_settings
 from .models import PendingAction, Run, Task, Wakeup
 from .states import TaskStatus, WakeupState
@@ -56,6 +57,7 @@ def preview() -> dict:
         "expired_actions": list(
             PendingAction.objects.open().filter(deadline__lt=now).values_list("id", flat=True)
         ),
+        "overdue_deliveries": list(deliveries.overdue(now).values_list("pk", flat=True)[:1000]),
         "interrupted_deletes": store.interrupted_deletes(),
         "owed_conversations": list(
             Wakeup.objects.filter(state=WakeupState.PENDING)

@@ -82,6 +82,8 @@ S = TaskStatus
 
 TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED})
 LIVE = frozenset({S.PENDING, S.RUNNING, S.WAITING_FOR_INPUT})
+# Entering one of these owes the task's callback and its A2A push notifications.
+NOTIFIED = TERMINAL | {S.WAITING_FOR_INPUT}
 
 RUN_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED})

@@ -14,7 +14,10 @@ from django_q.models import Task as QTask
 
 from agenttasks import files, lifecycle, retention, worker
 from agenttasks.models import (
+    A2AContext,
+    A2APushConfig,
     Conversation,
+    Delivery,
     Event,
     File,
     IdempotencyKey,
@@ -215,6 +218,23 @@ def test_the_command_honours_finished_older_than_days(user, recording_queue):
     call_command("agenttasks_prune", "--finished-older-than-days", "5", stdout=out)
     assert "finished trees deleted: 1" in out.getvalue()
     assert not Task.objects.filter(pk=done.id).exists()
+
+
+def test_an_old_a2a_task_goes_with_its_push_configs_and_the_deliveries_it_owes(
+    user, recording_queue
+):
+    task = lifecycle.create(owner=user, agent_id="echo", input="x")
+    A2AContext.objects.create(task=task, context_id="ctx-1")
+    config = A2APushConfig.objects.create(task=task, url="https://hooks.example.com/a2a")
+    worker.execute_run(task.run_id)
+    Delivery.objects.create(
+        task=task, config=config, status="completed", version=2, due_at=timezone.now()
+    )
+    age([task.conversation_id])
+    report = retention.prune()
+    assert report.trees == 1
+    assert not Task.objects.filter(pk=task.id).exists()
+    assert not A2AContext.objects.exists() and not Delivery.objects.exists()
 
 
 def test_old_django_q2_failures_go(db):

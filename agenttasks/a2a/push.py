@@ -1,7 +1,8 @@
 """A2A push notifications through the callbacks machinery (docs/a2a.md#push-notifications).
 
 A task's configs are notified when it enters input-required or a terminal state: one queued job
-per config and ending, after commit. The job POSTs a `StreamResponse` (a status update) with
+per config and ending, after commit, recorded as owed with the ending (the reaper queues it
+again if it is lost: `agenttasks.deliveries`). The job POSTs a `StreamResponse` (a status update) with
 `Content-Type: application/a2a+json`, the config's `Authorization: <scheme> <credentials>` and
 its token in `X-A2A-Notification-Token`, to the address `callbacks.check_address` allowed (the
 SSRF guard, CALLBACK_ALLOWED_HOSTS and CALLBACK_ALLOWED_PORTS), without following redirects.
@@ -20,16 +21,15 @@ from a2a.utils.constants import A2A_JSON_MEDIA_TYPE
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf import json_format
 
-from .. import __version__, callbacks, queue, signals, store
+from .. import __version__, callbacks, deliveries, queue, signals, store
 from ..conf import app_settings
 from ..exceptions import ConversationNotFound
 from ..models import A2APushConfig, Task
-from ..states import TERMINAL, TaskStatus
+from ..states import NOTIFIED
 from . import mapping
 
 logger = logging.getLogger(__name__)
 
-NOTIFIED = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
 ATTEMPTS = 3
 BACKOFF = 1.0  # seconds before the second attempt; doubled before each next one
 RETRIED = {408, 429}
@@ -111,7 +111,7 @@ def on_task_updated(sender, task=None, **kwargs) -> None:
         logger.exception("a2a.push_lookup_failed task=%s", task.id)
         return
     for pk in config_ids:
-        queue.enqueue_job("agenttasks.a2a.push.deliver", pk, task.status, task.version)
+        queue.enqueue_job(deliveries.PUSH_JOB, pk, task.status, task.version)
 
 
 def connect() -> None:
@@ -144,10 +144,13 @@ def headers(row: A2APushConfig) -> dict:
 
 def deliver(config_pk: int, status: str, version: int = 0) -> list[dict]:
     """POST one ending to one config (the queued job), tried again on transient failures."""
-    if version and not A2APushConfig.objects.filter(
-        pk=config_pk, delivered_version__lt=version
-    ).update(delivered_version=version):
-        return []  # this ending was already delivered to this config (a job delivered twice)
+    if version:
+        claimed = A2APushConfig.objects.filter(pk=config_pk, delivered_version__lt=version).update(
+            delivered_version=version
+        )
+        deliveries.settle_push(config_pk, version)
+        if not claimed:
+            return []  # this ending was already delivered to this config (a job delivered twice)
     row = A2APushConfig.objects.select_related("task").filter(pk=config_pk).first()
     if row is None:
         return []

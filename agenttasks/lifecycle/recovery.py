@@ -5,7 +5,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from .. import queue, store, wakeups
+from .. import deliveries, queue, store, wakeups
 from ..conf import app_settings
 from ..exceptions import StoreError, TaskError
 from ..files import remove_now, remove_stored
@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def recover() -> list[Task]:
-    """One reaper pass: orphans, stuck endings, dead taskless runs, requeues, timeouts, delivery."""
+    """One reaper pass: orphans, stuck endings, dead taskless runs, requeues, timeouts, deliveries."""
     try:
         orphans = store.fail_orphans()
     except DatabaseError as exc:
@@ -41,6 +41,7 @@ def recover() -> list[Task]:
         except Exception:
             logger.exception("recover.requeue_failed run=%s", run_id)
     expire_actions()
+    deliveries.resend_overdue()
     for conversation_id in store.conversations_owed():
         wakeups.deliver_pending(conversation_id)
     for root in store.interrupted_deletes():

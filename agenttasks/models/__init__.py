@@ -3,6 +3,7 @@
 from ..a2a.models import A2AContext, A2APushConfig
 from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
+from .delivery import Delivery
 from .file import File
 from .idempotency import IdempotencyKey
 from .ops import Counter, ReaperPass, TaskCount, WorkerProcess
@@ -18,6 +19,7 @@ __all__ = [
     "Comment",
     "Counter",
     "Conversation",
+    "Delivery",
     "Event",
     "File",
     "IdempotencyKey",

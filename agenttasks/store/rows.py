@@ -4,11 +4,22 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.utils import timezone
 
 from ..exceptions import TransitionError
-from ..models import Comment, PendingAction, Run, Task, TaskResult, Wakeup
+from ..models import (
+    A2APushConfig,
+    Comment,
+    Delivery,
+    PendingAction,
+    Run,
+    Task,
+    TaskResult,
+    Wakeup,
+)
 from ..states import (
+    NOTIFIED,
     ActionStatus,
     RunStatus,
     RunTrigger,
@@ -35,6 +46,26 @@ def save_task(task: Task, fields: list[str], now: datetime) -> None:
     task.updated_at = now
     task.version += 1
     task.save(update_fields=[*fields, "updated_at", "version"])
+    # set_status let it in, so a saved notified status is one the task has just entered. On
+    # PostgreSQL a trigger records what it owes, for the SQL functions' endings too.
+    if "status" in fields and task.status in NOTIFIED and connection.vendor != "postgresql":
+        owe_deliveries(task)
+
+
+def owe_deliveries(task: Task) -> None:
+    """Record the callback and the A2A pushes that the status the task entered owes."""
+    configs = A2APushConfig.objects.filter(task_id=task.id).values_list("pk", flat=True)
+    owed = [None] if task.callback_url else []
+    Delivery.objects.bulk_create(
+        Delivery(
+            task_id=task.id,
+            config_id=config,
+            status=task.status,
+            version=task.version,
+            due_at=task.updated_at,
+        )
+        for config in [*owed, *configs]
+    )
 
 
 def new_run(task: Task, run_id: str, trigger: str, input: str, now: datetime) -> Run:
