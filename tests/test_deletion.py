@@ -9,10 +9,13 @@ they own before the ORM cascade, so their running work stops and their files go 
 import os
 import subprocess
 import sys
+import threading
 
+import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import override_settings
+from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agenttasks import files, lifecycle, reaper
@@ -151,3 +154,67 @@ def test_deleting_a_user_stops_their_work_and_removes_their_files(media, start_c
     assert not files.storage().exists(stored)
     assert Task.objects.filter(pk=kept.id).exists()
     assert not Event.objects.filter(task_id=slow.id).exists()
+
+
+def race_on_a_running_task(base: str, headers: dict, round_no: int) -> list[tuple[str, int, str]]:
+    """Fire the 8 requests of one round at once at a running `slow` task; return the answers."""
+    with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+        created = client.post(
+            "/tasks", json={"agentId": "slow", "input": f"r{round_no}", "metadata": {"seconds": 5}}
+        )
+    assert created.status_code == 201, created.text
+    task = created.json()["task"]
+    wait_for(
+        lambda: Task.objects.filter(pk=task["id"], status="running").exists(),
+        timeout=30,
+        message="the task to run",
+    )
+    conversation = f"/conversations/{task['conversationId']}"
+    requests = [
+        ("DELETE", conversation, None, {}),
+        ("DELETE", conversation, None, {}),
+        ("POST", f"/tasks/{task['id']}/cancel", {}, {}),
+        ("POST", f"/tasks/{task['id']}/cancel", {}, {}),
+        # A keyed write runs in the request's own transaction (retried whole).
+        ("POST", f"/tasks/{task['id']}/cancel", {}, {"Idempotency-Key": f"c{round_no}"}),
+        ("POST", f"/tasks/{task['id']}/comments", {"content": "more"}, {}),
+        ("POST", f"/tasks/{task['id']}/retry", {}, {}),
+        ("POST", f"{conversation}/messages", {"content": "hello"}, {}),
+    ]
+    barrier = threading.Barrier(len(requests))
+    codes: list[tuple[str, int, str]] = []
+
+    def fire(method, path, body, extra):
+        with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+            barrier.wait()
+            response = client.request(method, path, json=body, headers=extra)
+        codes.append((f"{method} {path.rsplit('/', 1)[-1]}", response.status_code, response.text))
+
+    threads = [threading.Thread(target=fire, args=request) for request in requests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    wait_for(
+        lambda: not Conversation.objects.filter(pk=task["conversationId"]).exists(),
+        timeout=30,
+        message="the conversation to be deleted",
+    )
+    return codes
+
+
+@pytest.mark.postgres
+def test_deletes_cancels_and_writes_racing_on_a_running_task_never_fail(
+    start_cluster, live_server, user
+):
+    """2 deletes of its conversation, 3 cancels, a comment, a retry and a message at once, on a
+    running task, 20 rounds: each answers 2xx or 4xx, never a 5xx (they deadlocked: the delete
+    locked the task's runs before the task)."""
+    settings = {"MAX_ACTIVE_TASKS_PER_USER": 0, "HEARTBEAT_INTERVAL": 1}
+    start_cluster(workers=2, **settings)
+    headers = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    base = live_server.url + "/api/agents"
+    with override_settings(AGENTTASKS=settings):
+        codes = [c for n in range(20) for c in race_on_a_running_task(base, headers, n)]
+    assert len(codes) == 20 * 8
+    assert [c for c in codes if c[1] >= 500] == []

@@ -12,6 +12,7 @@ from django.db import connection, transaction
 
 from agenttasks import ids, store
 from agenttasks.models import PendingAction, Run, Task, Wakeup
+from agenttasks.store.locking import retried
 from agenttasks.types import ActionRequest, NewTask
 
 from .conftest import on_postgres, run_threads
@@ -167,3 +168,50 @@ def test_sqlite_concurrent_finalizers_have_one_winner(parent):
     results = finalizers(task, 8)
     assert results.count(True) == 1, results
     assert Wakeup.objects.count() == 1
+
+
+@pytest.mark.postgres
+def test_a_deadlock_victim_is_run_again_by_the_store(user):
+    """Two writers lock two conversations in opposite orders: PostgreSQL rolls one back as the
+    deadlock's victim, and `retried` runs it again, so both succeed."""
+    first = store.create_conversation(owner=user, agent="echo").id
+    second = store.create_conversation(owner=user, agent="echo").id
+    both_hold_one = threading.Barrier(2)
+    attempts: list[str] = []
+
+    @retried
+    def lock_both(i):
+        mine, theirs = (first, second) if i == 0 else (second, first)
+        attempts.append(mine)
+        with transaction.atomic():
+            store.lock_conversation(mine)
+            if attempts.count(mine) == 1:
+                both_hold_one.wait(5)  # the first time, each holds one before it asks for the other
+            store.lock_conversation(theirs)
+        return "done"
+
+    assert run_threads(lock_both, 2) == ["done", "done"]
+    assert len(attempts) == 3  # one of the two ran twice
+
+
+@pytest.mark.postgres
+def test_a_deadlock_inside_a_callers_transaction_is_left_to_the_caller(user):
+    first = store.create_conversation(owner=user, agent="echo").id
+    second = store.create_conversation(owner=user, agent="echo").id
+    both_hold_one = threading.Barrier(2)
+
+    @retried
+    def lock_other(theirs):
+        store.lock_conversation(theirs)
+
+    def caller(i):
+        mine, theirs = (first, second) if i == 0 else (second, first)
+        with transaction.atomic():
+            store.lock_conversation(mine)
+            both_hold_one.wait(5)
+            lock_other(theirs)
+        return "done"
+
+    results = run_threads(caller, 2)
+    # The victim's whole transaction was lost: not run again inside it, the error reaches it.
+    assert sorted(type(r).__name__ for r in results) == ["OperationalError", "str"]

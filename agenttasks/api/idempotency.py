@@ -19,6 +19,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 from rest_framework.response import Response
 
+from .. import store
 from ..conf import app_settings
 from ..models import IdempotencyKey
 from . import errors
@@ -69,6 +70,7 @@ def fingerprint(body) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+@store.retried  # the request's transaction, when PostgreSQL chose it as a deadlock's victim
 def run(view, request, key: str, call):
     """Answer a keyed request: replay the recorded answer, or run it and record its answer."""
     user = user_of(request)

@@ -26,7 +26,7 @@ from .endings import ORPHAN_TEXT, end, finalize, record_run_end, release_retry_c
 from .events import append_events
 from .leases import Leases
 from .limits import active_count, check_active_limit, live_count, lock_principal
-from .locking import Log, lock_conversation, lock_task
+from .locking import Log, lock_conversation, lock_task, retried
 from .runs import (
     answer_conversation_run,
     conversation_busy,
@@ -106,6 +106,7 @@ __all__ = [
     "stale_queued",
     "resume_paused",
     "retry_claim",
+    "retried",
     "retry_prompt",
     "start_conversation_run",
     "stop_runs",

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from ..models import Conversation, File, Run, Task, Wakeup
 from ..states import RunStatus, StopRequest
-from .locking import lock_conversation
+from .locking import lock_conversation, retried
 
 
 def conversation_tree(root_id: str) -> list[str]:
@@ -35,6 +35,7 @@ def conversation_tree(root_id: str) -> list[str]:
     return reached
 
 
+@retried
 def mark_deleting(root_id: str) -> list[str]:
     """Block new work on a conversation tree before it is stopped and deleted; return its ids."""
     with transaction.atomic():
@@ -46,6 +47,7 @@ def mark_deleting(root_id: str) -> list[str]:
     return tree
 
 
+@retried
 def stop_runs(tree: list[str]) -> None:
     """Stop every run in a marked tree: running ones are told to stop now, the rest end."""
     now = timezone.now()
@@ -72,14 +74,40 @@ def interrupted_deletes() -> list[str]:
     )
 
 
+@retried
 def delete_tree(root_id: str) -> None:
-    """Delete a conversation tree's rows in one transaction."""
+    """Delete a conversation tree's rows in one transaction, its locks taken in the store's order."""
     with transaction.atomic():
         tree = conversation_tree(root_id)
+        tasks = Task.objects.filter(
+            Q(conversation_id__in=tree) | Q(parent_conversation_id__in=tree)
+        )
+        _lock_for_delete(tasks, tree)
         Wakeup.objects.filter(
             Q(conversation_id__in=tree) | Q(task__conversation_id__in=tree)
         ).delete()
-        Task.objects.filter(
-            Q(conversation_id__in=tree) | Q(parent_conversation_id__in=tree)
-        ).delete()
+        tasks.delete()
         Conversation.objects.filter(pk__in=tree).delete()
+
+
+def _lock_for_delete(tasks: models.QuerySet[Task], tree: list[str]) -> None:
+    """Lock what a delete removes in the documented order, before it removes anything.
+
+    Each task with its conversation and current run, children before parents (deepest first),
+    then the tree's conversations (the root last of all): the order every transition takes, so a
+    delete waits for an ending or a stop under way instead of deadlocking with it. FOR UPDATE,
+    not FOR NO KEY UPDATE: the rows go, and a lock taken weaker would have to be raised later,
+    past writers that took the key-share locks of their foreign keys meanwhile.
+    """
+    list(
+        tasks.select_related("conversation", "run")
+        .select_for_update(of=("self", "conversation", "run"))
+        .order_by("-depth", "id")
+        .only("id", "conversation__id", "run__id")
+    )
+    list(
+        Conversation.objects.filter(pk__in=tree)
+        .select_for_update()
+        .order_by(models.F("parent_id").asc(nulls_last=True), "id")
+        .values_list("id", flat=True)
+    )

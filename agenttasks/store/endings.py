@@ -23,7 +23,7 @@ from ..states import (
 )
 from ..types import Ended, Ending, RunOutcome
 from . import postgres
-from .locking import Log, hold_task, lock_run, lock_task, run_finished, task_status
+from .locking import Log, hold_task, lock_run, lock_task, retried, run_finished, task_status
 from .rows import (
     cancel_open_actions,
     create_actions,
@@ -39,6 +39,7 @@ from .rows import (
 ORPHAN_TEXT = "The server stopped while the task was running"
 
 
+@retried
 def end(
     task_id: str,
     run_id: str,
@@ -201,6 +202,7 @@ def finalize_locked(
     return task
 
 
+@retried
 def finalize(task_id: str, run_id: str, status: str, **fields: Any) -> Task | None:
     """End a live task on its current run with `Ending(status, **fields)`; None if it lost."""
     if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
@@ -208,6 +210,7 @@ def finalize(task_id: str, run_id: str, status: str, **fields: Any) -> Task | No
     return end(task_id, run_id, Ending(status, **fields)).task
 
 
+@retried
 def record_run_end(run_id: str, outcome: RunOutcome) -> Run | None:
     """Record how a running (or paused) run ended, leaving its task (if any) as it is."""
     now = timezone.now()
@@ -222,6 +225,7 @@ def record_run_end(run_id: str, outcome: RunOutcome) -> Run | None:
         return run
 
 
+@retried
 def release_retry_claim(task_id: str, run_id: str, summary: str, result: str) -> Task | None:
     """Give back a retry whose run could not start: failed again, the attempt rolled back."""
     ending = Ending(TaskStatus.FAILED, summary=summary, result=result, error=result)

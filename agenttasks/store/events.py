@@ -7,9 +7,10 @@ from django.db import transaction
 
 from ..exceptions import ConversationNotFound
 from . import postgres
-from .locking import Log, announce_events, lock_conversation
+from .locking import Log, announce_events, lock_conversation, retried
 
 
+@retried
 def append_events(
     conversation_id: str, events: Iterable[tuple[str, dict[str, Any], str, str]]
 ) -> None:

@@ -8,17 +8,57 @@ by its conversation's row, taken before the run's. Inserting an event moves the 
 holds.
 """
 
-from collections.abc import Iterable
+import functools
+import random
+import time
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import QuerySet
 
 from ..exceptions import ConversationNotFound, RunNotFound, TaskNotFound
 from ..listen import conversation_key, hub
 from ..models import Conversation, Event, PendingAction, Run, Task
 from ..states import TaskStatus
+
+P = ParamSpec("P")
+R = TypeVar("R")
+# PostgreSQL's deadlock_detected and serialization_failure: the transaction was chosen to lose
+# and rolled back whole, so running it again is safe.
+RETRIED_STATES = {"40P01", "40001"}
+ATTEMPTS = 4
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether PostgreSQL rolled the transaction back as a deadlock (or serialization) victim."""
+    return getattr(exc.__cause__, "sqlstate", None) in RETRIED_STATES
+
+
+def retried(write: Callable[P, R]) -> Callable[P, R]:
+    """Run a store write again, up to ATTEMPTS times, when it lost a deadlock.
+
+    The lock order keeps the store's own transactions from deadlocking one another; this is for
+    what the order cannot cover (a site's transaction around a store call, foreign-key checks).
+    Inside a caller's transaction the caller's whole transaction was lost, so it is not retried
+    here: the caller's own retry (the keyed request's, say) runs it again.
+    """
+
+    @functools.wraps(write)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        if transaction.get_connection().in_atomic_block:
+            return write(*args, **kwargs)
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return write(*args, **kwargs)
+            except OperationalError as exc:
+                if attempt == ATTEMPTS or not is_retryable(exc):
+                    raise
+                time.sleep(random.uniform(0, 0.02 * 2**attempt))  # let the winner finish
+        raise AssertionError("unreachable")
+
+    return run
 
 
 class Log:

@@ -21,6 +21,7 @@ from .locking import (
     lock_open_action,
     lock_run,
     lock_task,
+    retried,
     user_message,
 )
 from .rows import requeue_paused, resolve_action
@@ -37,6 +38,7 @@ def create_conversation(
     )
 
 
+@retried
 def update_conversation(
     conversation_id: str, *, title: Any = _UNSET, metadata: Any = _UNSET
 ) -> Conversation:
@@ -65,6 +67,7 @@ def update_conversation(
     return conversation
 
 
+@retried
 def start_conversation_run(
     conversation_id: str,
     content: str,
@@ -111,6 +114,7 @@ def start_conversation_run(
     return run, event
 
 
+@retried
 def wake_conversation(conversation: Conversation, text: str, task_ids: list[str]) -> Run:
     """Queue the wake-up run of a locked conversation with its task.notification event."""
     log = Log()
@@ -128,6 +132,7 @@ def wake_conversation(conversation: Conversation, text: str, task_ids: list[str]
     return run
 
 
+@retried
 def answer_conversation_run(run_id: str, action_id: str, resolution: dict[str, Any]) -> Run | None:
     """Settle an action of a paused conversation run; queue the run when none is left open."""
     now = timezone.now()
@@ -149,6 +154,7 @@ def answer_conversation_run(run_id: str, action_id: str, resolution: dict[str, A
         return run
 
 
+@retried
 def resume_paused(conversation_id: str) -> Run | None:
     """Resume a conversation's paused latest run once nothing holds it.
 

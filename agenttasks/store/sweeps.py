@@ -15,7 +15,7 @@ from ..models import PendingAction, Run, Task, Wakeup
 from ..states import RUN_ENDED, ActionStatus, RunStatus, TaskStatus, WakeupState
 from ..types import Ending, RunOutcome
 from .endings import ORPHAN_TEXT, end, finalize_locked
-from .locking import Log, hold_task, lock_open_action, lock_task, run_finished
+from .locking import Log, hold_task, lock_open_action, lock_task, retried, run_finished
 from .rows import resolve_action
 
 BATCH = 500
@@ -72,6 +72,7 @@ def stuck_endings() -> list[tuple[Task, RunOutcome]]:
     ]
 
 
+@retried
 def fail_dead_conversation_runs() -> list[str]:
     """Fail runs without a task whose lease expired; return their conversations."""
     cutoff = lease_cutoff()
@@ -161,6 +162,7 @@ def expired_actions(action_ids: list[str] | None = None) -> list[PendingAction]:
     return list(actions.order_by("deadline")[:BATCH])
 
 
+@retried
 def expire_and_cancel(task_id: str, run_id: str, action_id: str) -> Task | None:
     """Apply `on_timeout: cancel`: the action expires and the task ends cancelled on its run."""
     now = timezone.now()

@@ -44,6 +44,7 @@ from .locking import (
     lock_run,
     lock_task,
     lock_task_of_run,
+    retried,
     run_finished,
     task_status,
     task_status_data,
@@ -74,6 +75,7 @@ RETRY_PROMPT = (
 # --- create ----------------------------------------------------------------------------------
 
 
+@retried
 def create_task(
     new: NewTask,
     *,
@@ -226,6 +228,7 @@ def _refuse(verdict: str, owner_limit: int, parent_cap: int | None) -> None:
         raise TaskLimit(parent_cap or 0)
 
 
+@retried
 def discard_spawn(task_id: str, reason: str = "the task could not be started") -> None:
     """Delete a spawned task whose launch failed, with its runs and hidden conversation.
 
@@ -273,6 +276,7 @@ def discard_spawn(task_id: str, reason: str = "the task could not be started") -
 # --- claim -----------------------------------------------------------------------------------
 
 
+@retried
 def claim(run_id: str, worker: str = "") -> Run | None:
     """Move a queued run (and its task) to running; None if it is no longer the one to run.
 
@@ -285,6 +289,7 @@ def claim(run_id: str, worker: str = "") -> Run | None:
         return _claim_locked(run_id, worker, now, delegates=True)
 
 
+@retried
 def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
     """Claim up to `limit` queued runs in one statement: those named in `first`, then the oldest.
 
@@ -382,6 +387,7 @@ def _start(log: Log, run: Run, worker: str, now: datetime, trigger: str, task_id
 # --- pausing and answering -------------------------------------------------------------------
 
 
+@retried
 def pause(
     task_id: str,
     run_id: str,
@@ -458,6 +464,7 @@ def _clarify(
     )
 
 
+@retried
 def answer(task_id: str, run_id: str, action_id: str, resolution: dict[str, Any]) -> Task | None:
     """Settle an action of the paused current run; resume the run when none is left open.
 
@@ -499,6 +506,7 @@ def retry_prompt(task: Task) -> str:
     return RETRY_PROMPT.format(reason=reason or "no reason was recorded")
 
 
+@retried
 def retry_claim(
     task_id: str, new_run_id: str, max_attempts: int, cap: int | None, owner_limit: int = 0
 ) -> Task | None:
@@ -537,6 +545,7 @@ def _owner_of(task_id: str) -> int | None:
     return Task.objects.filter(pk=task_id).values_list("owner_id", flat=True).first()
 
 
+@retried
 def advance(
     task_id: str, run_id: str, next_run_id: str, *, input: str = "", state: Any = None
 ) -> Task | None:
@@ -573,6 +582,7 @@ def advance(
         return task
 
 
+@retried
 def reopen(
     task_id: str,
     new_run_id: str,
@@ -637,6 +647,7 @@ def reopen(
 # --- stopping and progress -------------------------------------------------------------------
 
 
+@retried
 def request_stop(task_id: str, run_id: str, *, graceful: bool) -> StopOutcome:
     """Ask the current run to stop, and say what stopping it takes."""
     now = timezone.now()
@@ -660,6 +671,7 @@ def request_stop(task_id: str, run_id: str, *, graceful: bool) -> StopOutcome:
         return StopOutcome.AFTER_TURN
 
 
+@retried
 def record_progress(run_id: str, state: Any, rendered: str) -> bool:
     """Record a running run's progress state; a task's run appends task.progress (mirrored)."""
     with transaction.atomic():
