@@ -11,11 +11,13 @@ age with `verify` (from `agenttasks.signatures`, which imports nothing from Djan
 that are not Django sites).
 """
 
+import asyncio
 import ipaddress
 import json
 import logging
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -223,7 +225,26 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
 
 
 def _post(url: str, address: str, body: bytes, headers: dict) -> httpx.Response:
-    """POST to the checked address, naming the host in Host and in TLS (SNI, certificate)."""
+    """POST to the checked address, naming the host in Host and in TLS (SNI, certificate).
+
+    CALLBACK_TIMEOUT bounds the whole exchange, not each read: a receiver that sends its answer a
+    byte at a time is cut off at the deadline (an httpx timeout only bounds each socket
+    operation), so the exchange runs on an event loop that can cancel it.
+    """
+    timeout = float(app_settings.CALLBACK_TIMEOUT)
+    exchange = _exchange(url, address, body, headers, timeout)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(exchange)
+    # Called from a coroutine's thread (an ASGI test, say): run it on a loop of its own.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, exchange).result()
+
+
+async def _exchange(
+    url: str, address: str, body: bytes, headers: dict, timeout: float
+) -> httpx.Response:
     parts = urlsplit(url)
     host = parts.hostname or ""
     netloc = f"[{address}]" if ":" in address else address
@@ -233,8 +254,8 @@ def _post(url: str, address: str, body: bytes, headers: dict) -> httpx.Response:
     host_header = host if not parts.port else f"{host}:{parts.port}"
     if ":" in host:
         host_header = f"[{host}]" + (f":{parts.port}" if parts.port else "")
-    with httpx.Client(
-        timeout=app_settings.CALLBACK_TIMEOUT, follow_redirects=False, trust_env=False
+    async with httpx.AsyncClient(
+        timeout=timeout, follow_redirects=False, trust_env=False
     ) as client:
         request = client.build_request(
             "POST",
@@ -243,4 +264,7 @@ def _post(url: str, address: str, body: bytes, headers: dict) -> httpx.Response:
             headers={**headers, "Host": host_header},
             extensions={"sni_hostname": host},
         )
-        return client.send(request)
+        try:
+            return await asyncio.wait_for(client.send(request), timeout)
+        except TimeoutError:
+            raise httpx.TimeoutException(f"the exchange took over {timeout:g}s") from None

@@ -4,13 +4,16 @@ import hashlib
 import hmac
 import json
 import logging
+import socket
+import threading
+import time
 
 import pytest
 from django.test.utils import override_settings
 
 from agenttasks import callbacks, lifecycle, store
 from agenttasks.callbacks import CallbackURLError
-from agenttasks.models import Event, Task
+from agenttasks.models import A2APushConfig, Event, Task
 from agenttasks.types import NewTask
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -141,6 +144,76 @@ def test_timeout(user, receiver, caplog):
     (event,) = outcome_events(task)
     assert event.type == "callback.failed" and "timed out" in event.data["error"]
     assert f"Error sending callback to 127.0.0.1: task_id={task.id}" in caplog.text
+
+
+class Dripper:
+    """A receiver on loopback that answers one byte every `gap` seconds (a slow-loris answer)."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Padding: " + b"x" * 60 + b"\r\n\r\n"
+
+    def __init__(self, gap: float = 0.3):
+        self.gap = gap
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}/cb"
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                peer, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._drip, args=(peer,), daemon=True).start()
+
+    def _drip(self, peer):
+        with peer:
+            peer.recv(65536)
+            for byte in self.ANSWER:
+                if self.stop.wait(self.gap):
+                    return
+                try:
+                    peer.sendall(bytes([byte]))
+                except OSError:
+                    return  # the sender gave up
+
+    def close(self):
+        self.stop.set()
+        self.server.close()
+
+
+@override_settings(AGENTTASKS={**ALLOW_LOOPBACK, "CALLBACK_TIMEOUT": 1})
+def test_the_timeout_bounds_the_whole_exchange_not_each_read(user):
+    """A byte every 0.3 s never trips a per-read timeout of 1 s; the exchange is cut at 1 s."""
+    dripper = Dripper()
+    try:
+        task = ended(user, "completed", dripper.url)
+        begun = time.monotonic()
+        callbacks.send(task.id, "completed", task.version)
+        took = time.monotonic() - begun
+    finally:
+        dripper.close()
+    (event,) = outcome_events(task)
+    assert event.type == "callback.failed" and event.data["error"] == "timed out after 1s"
+    assert took < 3  # the whole answer would take about 25 s
+
+
+@override_settings(AGENTTASKS={**ALLOW_LOOPBACK, "CALLBACK_TIMEOUT": 1})
+def test_an_a2a_push_is_bounded_the_same_way(user, monkeypatch):
+    from agenttasks.a2a import push
+
+    monkeypatch.setattr(push.time, "sleep", lambda seconds: None)  # no backoff between attempts
+    dripper = Dripper()
+    try:
+        task = ended(user, "completed", "")
+        config = A2APushConfig.objects.create(task=task, url=dripper.url)
+        begun = time.monotonic()
+        outcomes = push.deliver(config.pk, "completed", task.version)
+        took = time.monotonic() - begun
+    finally:
+        dripper.close()
+    assert [o["error"] for o in outcomes] == ["timed out after 1s"] * 3
+    assert took < 6  # three attempts of at most 1 s each
 
 
 REFUSED = [
