@@ -8,6 +8,7 @@ statements whatever its depth: one aggregate (the total and the rows up to the c
 keyset read along the list's index.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -29,6 +30,10 @@ class Keyset:
     name: str
     fields: tuple[str, ...]
     descending: bool
+
+    def of(self, scope: str) -> "Keyset":
+        """This order within one parent (a conversation's messages): its cursors fit no other."""
+        return dataclasses.replace(self, name=f"{self.name}/{scope}")
 
     @property
     def ordering(self) -> list[str]:

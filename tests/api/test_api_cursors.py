@@ -144,6 +144,29 @@ def test_walking_conversations_and_messages(as_alice, alice):
     )
 
 
+def test_a_messages_cursor_fits_its_own_conversation_only(as_alice, alice, as_bob, bob):
+    """A cursor of conversation A pages neither A's sibling B nor another user's conversation."""
+    conversations = {}
+    for owner, name in ((alice, "a"), (alice, "b"), (bob, "c")):
+        conversation = lifecycle.create_conversation(owner=owner, agent_id="echo").id
+        for i in range(3):
+            lifecycle.post_message(conversation, f"{name}{i}")
+            Run.objects.filter(conversation_id=conversation).update(status="completed")
+        conversations[name] = conversation
+    cursor = as_alice.get(f"/conversations/{conversations['a']}/messages?limit=1").json()[
+        "nextCursor"
+    ]
+    page = as_alice.get(f"/conversations/{conversations['a']}/messages?cursor={cursor}")
+    assert page.status_code == 200 and len(page.json()["messages"]) == 2
+    for client, name in ((as_alice, "b"), (as_bob, "c")):
+        error(
+            client.get(f"/conversations/{conversations[name]}/messages?cursor={cursor}"),
+            400,
+            "VALIDATION_ERROR",
+            "Invalid cursor",
+        )
+
+
 def test_a_cursor_page_costs_the_same_at_any_depth(as_alice, alice):
     make_tasks(alice, 30)
     _, pages = walk(as_alice, "/tasks", "tasks", 5)

@@ -155,14 +155,13 @@ class MessagesView(ApiView):
         order = request.query_params.get("order", "asc")
         if order not in ("asc", "desc"):
             raise errors.validation("order must be asc or desc", "order")
-        limit, offset, position = cursor_params(request, MESSAGE_ORDER[order], 100, 500)
+        keyset = MESSAGE_ORDER[order].of(conversation.id)
+        limit, offset, position = cursor_params(request, keyset, 100, 500)
         rows = Event.objects.filter(conversation_id=conversation.id, type__in=MESSAGE_TYPES)
         # A turn that only called tools is logged with null content for the transcript; it is
         # not a message anyone wrote (docs/rest.md#messages).
         rows = rows.exclude(type="message.assistant", data__content=None)
-        items, total, offset, after = keyset_page(
-            rows, MESSAGE_ORDER[order], limit, offset, position
-        )
+        items, total, offset, after = keyset_page(rows, keyset, limit, offset, position)
         body = [s.MessageSerializer.present(e) for e in items]
         return Response(cursor_page_body("messages", body, total, limit, offset, after))
 
