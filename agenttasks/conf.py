@@ -46,6 +46,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_ACTIVE_TASKS_PER_USER": 20,
     "MAX_STREAMS_PER_USER": 10,
     "MAX_WAITS_PER_USER": 10,
+    # Streams (under WSGI) and waits one server process holds at once, whoever asks: each holds
+    # a thread, so the rest are left for other requests.
+    "MAX_HELD_PER_PROCESS": 2,
     # 0 means no retries at all, so this one is not in NUMERIC_DEFAULTS either.
     "MODEL_RETRIES": 2,
     # None: by database (worker.slots_per_process); MODEL_MAX_CONNECTIONS None: one per slot.
@@ -94,6 +97,7 @@ ZERO_ALLOWED = (
     "MAX_ACTIVE_TASKS_PER_USER",
     "MAX_STREAMS_PER_USER",
     "MAX_WAITS_PER_USER",
+    "MAX_HELD_PER_PROCESS",
     "MODEL_RETRIES",
 )
 

@@ -1,10 +1,16 @@
-"""Per-user caps on open events streams and status waits, held across server processes.
+"""Caps on open events streams and status waits: per user across server processes, and per process.
 
 Each principal has `limit` numbered places per kind, rows of `Slot` keyed `kind:principal:n`. A
 request takes a free place (no row, or a row whose lease expired) with an insert or a
 compare-and-set update, so two processes can never hold the same place; it renews the lease while
 it lasts and deletes the row when it ends. A server that dies leaves its rows to expire after
 SLOT_LEASE_SECONDS. A request that finds every place held is answered 429.
+
+A stream served by a WSGI server, and every wait, holds one of the server process's threads while
+it lasts: MAX_HELD_PER_PROCESS caps how many one process holds at once, whoever asks, so a server
+with a fixed pool of threads (gunicorn's gthread, uWSGI, mod_wsgi) keeps the rest for other
+requests. A stream under ASGI holds no thread, and Django's own servers (runserver, the test live
+server) start a thread per connection: neither is counted, nor is the test client.
 
 Whether a WSGI client has gone is read from its socket (a closed connection reads as end of
 file), since a stream would otherwise learn it only at its next write, the keep-alive.
@@ -18,11 +24,14 @@ import secrets
 import select
 import socket
 import stat
+import threading
 from datetime import timedelta
 
+from django.core.handlers.asgi import ASGIRequest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from ..conf import app_settings
 from ..models import Slot
 from . import errors
 from .permissions import user_of
@@ -36,6 +45,50 @@ REFUSALS = {
     STREAM: "You already have {limit} open event streams; close one and try again",
     WAIT: "You already have {limit} status waits in progress; let one return and try again",
 }
+BUSY = "This server is holding {limit} open streams and waits; try again shortly"
+BUSY_RETRY_AFTER = 5  # seconds: waits return within MAX_STATUS_WAIT, streams reconnect
+
+
+class _ProcessPlaces:
+    """The places of this server process (MAX_HELD_PER_PROCESS), shared by its threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def take(self, request, kind: str) -> bool:
+        """Take one for a request that holds a thread (True), or raise 429 when none is free."""
+        limit = int(app_settings.MAX_HELD_PER_PROCESS)
+        if not limit or not _holds_a_pooled_thread(getattr(request, "_request", request), kind):
+            return False
+        with self._lock:
+            if self.held < limit:
+                self.held += 1
+                return True
+        raise errors.ApiError(
+            429,
+            "rate_limited",
+            BUSY.format(limit=limit),
+            {"limit": limit, "retryAfter": BUSY_RETRY_AFTER},
+            {"Retry-After": str(BUSY_RETRY_AFTER)},
+        )
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
+process_places = _ProcessPlaces()
+
+
+def _holds_a_pooled_thread(request, kind: str) -> bool:
+    if isinstance(request, ASGIRequest):
+        return kind == WAIT  # a wait is a sync view: it runs in a thread of its own meanwhile
+    # A server names itself (gunicorn/23.0.0, waitress, Apache/…). wsgiref's server, which
+    # runserver and the test live server extend, starts a thread per connection; Django's test
+    # client is no server at all.
+    server = request.META.get("SERVER_SOFTWARE") or ""
+    return bool(server) and not server.startswith("WSGIServer/")
 
 
 def principal_key(request) -> str:
@@ -49,13 +102,14 @@ def principal_key(request) -> str:
 class Held:
     """A place taken under a cap; `renew` keeps it, `release` gives it back (both idempotent)."""
 
-    def __init__(self, key: str | None, holder: str, seconds: float):
+    def __init__(self, key: str | None, holder: str, seconds: float, *, in_process: bool = False):
         self.key, self.holder, self.seconds = key, holder, seconds
-        self.released = key is None  # no cap: nothing to give back
+        self.in_process = in_process  # it also holds one of this process's places
+        self.released = False
 
     def renew(self) -> bool:
         """Push the lease's expiry on; False if it lapsed and another request took the place."""
-        if self.released:
+        if self.released or self.key is None:
             return True
         expires = timezone.now() + timedelta(seconds=self.seconds)
         return bool(Slot.objects.filter(pk=self.key, holder=self.holder).update(expires_at=expires))
@@ -64,6 +118,10 @@ class Held:
         if self.released:
             return
         self.released = True
+        if self.in_process:
+            process_places.give_back()
+        if self.key is None:
+            return
         try:
             Slot.objects.filter(pk=self.key, holder=self.holder).delete()
         except Exception:  # the lease expires anyway; never turn an ending into a fault
@@ -71,10 +129,21 @@ class Held:
 
 
 def take(request, kind: str, limit: int, seconds: float) -> Held:
-    """Take a place among the principal's `limit` for `seconds`, or raise 429 (0: no cap)."""
+    """Take a place of this process and one among the principal's `limit` for `seconds`, or
+    raise 429 (0: no cap)."""
+    in_process = process_places.take(request, kind)
+    try:
+        return _take_principals(request, kind, limit, seconds, in_process)
+    except BaseException:
+        if in_process:
+            process_places.give_back()
+        raise
+
+
+def _take_principals(request, kind: str, limit: int, seconds: float, in_process: bool) -> Held:
     holder = secrets.token_hex(16)
     if not limit:
-        return Held(None, holder, seconds)
+        return Held(None, holder, seconds, in_process=in_process)
     prefix = f"{kind}:{principal_key(request)}:"
     keys = [f"{prefix}{n}" for n in range(int(limit))]
     now = timezone.now()
@@ -87,11 +156,11 @@ def take(request, kind: str, limit: int, seconds: float) -> Held:
                     Slot.objects.create(key=key, holder=holder, expires_at=expires)
             except IntegrityError:
                 continue  # another request took it first
-            return Held(key, holder, seconds)
+            return Held(key, holder, seconds, in_process=in_process)
         if held[key] <= now and Slot.objects.filter(pk=key, expires_at__lte=now).update(
             holder=holder, expires_at=expires
         ):
-            return Held(key, holder, seconds)
+            return Held(key, holder, seconds, in_process=in_process)
     soonest = min(held.values(), default=expires)
     wait = max(1, min(math.ceil((soonest - now).total_seconds()), int(seconds)))
     raise errors.ApiError(

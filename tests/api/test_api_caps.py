@@ -6,6 +6,8 @@ its place back within a few seconds (well before the 15 s keep-alive), and a ser
 dies gives its places back when their leases expire.
 """
 
+import json
+import os
 import socket
 from datetime import timedelta
 
@@ -17,7 +19,7 @@ from django.utils import timezone
 from agenttasks.api import errors, slots
 from agenttasks.models import Slot
 
-from .conftest import PREFIX, agenttasks, error, wait_for
+from .conftest import PREFIX, _free_port, agenttasks, error, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -227,3 +229,94 @@ def test_a_long_stream_keeps_renewing_its_place(request, kind, streams, as_alice
         assert Slot.objects.get(pk=slot.pk).holder == slot.holder
         stream.close()
         wait_for(lambda: not Slot.objects.exists(), timeout=NOTICED, message="the release")
+
+
+class Gunicorn:
+    """gunicorn (gthread: one process of 4 threads, as the README serves it) on the test database."""
+
+    def __init__(self, settings: dict):
+        import json
+        import subprocess
+        import sys
+
+        from ..cluster import ROOT, database_env
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            **os.environ,
+            **database_env(),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "AGENTTASKS_TEST_SETTINGS": json.dumps(settings),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--workers", "1"]
+            + ["--worker-class", "gthread", "--threads", "4", "--bind", f"127.0.0.1:{self.port}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for(self._answers, timeout=60, message="gunicorn answers")
+
+    def _answers(self) -> bool:
+        try:
+            return httpx.get(self.url + PREFIX + "/agents", timeout=5).status_code in (
+                200,
+                401,
+                403,
+            )
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        import signal
+
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+@pytest.fixture
+def gunicorn(transactional_db):
+    started: list[Gunicorn] = []
+
+    def start(**settings) -> Gunicorn:
+        started.append(Gunicorn(settings))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_one_users_streams_leave_a_pooled_servers_threads_for_others(
+    gunicorn, short_lived_connections, streams, as_alice, as_bob
+):
+    """With the defaults, 4 streams of one user on a process of 4 threads: 2 open, 2 are refused,
+    and another user's list still answers at once (all 4 threads streamed before)."""
+    server = gunicorn()
+    conversation = as_alice.post("/conversations", {"agentId": "echo"}).json()["conversation"]
+    opened = [streams(server.url, as_alice, conversation["id"]) for _ in range(4)]
+    assert [s.status for s in opened] == [200, 200, 429, 429]
+    found = json.loads(opened[2].body)["error"]
+    assert found == {
+        "code": "rate_limited",
+        "message": "This server is holding 2 open streams and waits; try again shortly",
+        "details": {"limit": 2, "retryAfter": 5},
+    }
+    assert opened[2].response.headers["Retry-After"] == "5"
+    headers = {"Authorization": f"Token {token_of(as_bob)}"}
+    listed = httpx.get(server.url + PREFIX + "/tasks", headers=headers, timeout=3)
+    assert listed.status_code == 200
+    # A wait is held the same way, and a place comes back when its stream ends.
+    task = as_bob.post("/tasks", {"agentId": "echo", "input": "x"}).json()["task"]
+    wait = f"{server.url}{PREFIX}/tasks/{task['id']}/wait?timeout="
+    assert httpx.get(wait + "1", headers=headers, timeout=10).status_code == 429
+    opened[0].close()
+    wait_for(
+        lambda: httpx.get(wait + "0", headers=headers, timeout=10).status_code == 200,
+        timeout=NOTICED,
+        message="the closed stream's place to come back",
+    )
