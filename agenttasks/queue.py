@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_q.brokers import Broker, get_broker
 from django_q.brokers.orm import ORM
+from django_q.cluster import Cluster
 from django_q.conf import Conf
 from django_q.exceptions import TimeoutException
 from django_q.models import Failure, OrmQ, Schedule
@@ -345,3 +346,55 @@ def recycles_after(jobs: int) -> bool:
     It does after `recycle` jobs, or once the process outgrew `max_rss`.
     """
     return bool(Conf.RECYCLE and jobs >= Conf.RECYCLE) or bool(rss_check())
+
+
+STOP_MARGIN = 15  # seconds a cluster's stop may take beyond SHUTDOWN_GRACE before it is ended
+STOP_ACK_WAIT = 2.0  # seconds a live sentinel needs to take the stop event
+
+
+def bound_cluster_stop(grace: Callable[[], float]) -> None:
+    """Make a SIGTERM (or Ctrl-C) to `qcluster` end its main process, and within a bound.
+
+    django-q2's sentinel takes SIGTERM with the default action. A SIGTERM sent to the whole
+    process group (systemd's default, a terminal's Ctrl-C) kills the sentinel while it waits on
+    the cluster's stop event, and django-q2's `Cluster.stop` then waits forever in
+    `stop_event.set()` for the dead waiter to acknowledge it (a multiprocessing Condition counts
+    it as a sleeper): the main process hung in futex_do_wait beside its zombie sentinel. So the
+    event is set from a thread that is given STOP_ACK_WAIT seconds, and then the sentinel is
+    reaped whether it took the event or died; a watchdog ends the process if the stop still
+    takes longer than `grace()` + STOP_MARGIN seconds. The workers stop on their own SIGTERM
+    (`worker.start_pool`), giving their runs SHUTDOWN_GRACE.
+    """
+    if getattr(Cluster.stop, "bounded", False):
+        return
+    original = Cluster.sig_handler
+
+    def stop(self) -> bool:
+        # django-q2's Cluster.stop, with the event set where a dead sentinel cannot hang it.
+        if not self.sentinel.is_alive():
+            return False
+        logger.info("queue.cluster_stopping name=%s", self.name)
+        setter = threading.Thread(target=self.stop_event.set, name="agenttasks-stop", daemon=True)
+        setter.start()
+        setter.join(STOP_ACK_WAIT)
+        self.sentinel.join()
+        self.start_event = self.stop_event = None
+        return True
+
+    def sig_handler(self, signum, frame):
+        deadline = grace() + STOP_MARGIN
+        threading.Thread(
+            target=_end_after, args=(deadline,), name="agenttasks-stop-watchdog", daemon=True
+        ).start()
+        original(self, signum, frame)
+
+    stop.bounded = True  # type: ignore[attr-defined]
+    Cluster.stop = stop
+    Cluster.sig_handler = sig_handler
+
+
+def _end_after(seconds: float) -> None:
+    threading.Event().wait(seconds)
+    logger.warning("queue.stop_overran seconds=%g (ending the cluster's main process)", seconds)
+    logging.shutdown()
+    os._exit(1)

@@ -68,6 +68,11 @@ def slots_per_process() -> int:
     return POSTGRES_SLOTS if connection.vendor == "postgresql" else SQLITE_SLOTS
 
 
+def shutdown_grace() -> float:
+    """SHUTDOWN_GRACE: the seconds a stopping worker process gives its runs in flight."""
+    return float(app_settings.SHUTDOWN_GRACE)
+
+
 class RunPool:
     """This worker process's slots: each executes one claimed run in a thread of its own."""
 
@@ -240,7 +245,7 @@ def start_pool(**kwargs) -> None:
 
 def _at_exit(pool: RunPool) -> None:
     replaced = pool.timed_out or queue.recycles_after(pool.jobs)
-    left_over = pool.retire(None if replaced else float(app_settings.SHUTDOWN_GRACE))
+    left_over = pool.retire(None if replaced else shutdown_grace())
     if left_over:
         _exit_leaving(left_over)
 
@@ -250,9 +255,7 @@ def _stop_soon(pool: RunPool) -> None:
     must return). A process already on its way out (its loop has ended) goes on as it was."""
     if pool.retiring:
         return
-    threading.Thread(
-        target=_leave, args=(pool, float(app_settings.SHUTDOWN_GRACE)), daemon=True
-    ).start()
+    threading.Thread(target=_leave, args=(pool, shutdown_grace()), daemon=True).start()
 
 
 def _leave(pool: RunPool, grace: float) -> None:

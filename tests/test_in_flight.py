@@ -18,7 +18,7 @@ from django.db import connection, models
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from agenttasks import deltas, health, lifecycle, metrics, store, worker
+from agenttasks import deltas, health, lifecycle, metrics, queue, store, worker
 from agenttasks.models import Event, PendingAction, ReaperPass, Run, Task, WorkerProcess
 from agenttasks.runtime.model_client import model_io
 from agenttasks.store.endings import ORPHAN_TEXT
@@ -216,6 +216,26 @@ def test_graceful_stop_claims_nothing_more_and_gives_runs_their_grace(start_clus
         assert Task.objects.get(pk=long.id).error == ORPHAN_TEXT
         assert endings(long.id) == 1
         wait_for(lambda: Task.objects.get(pk=late.id).status == "completed", timeout=20)
+
+
+def test_a_sigterm_to_the_whole_process_group_ends_the_cluster(start_cluster, user):
+    """systemd and a terminal's Ctrl-C signal every process of the group: django-q2's sentinel
+    died of it and its main process hung in the stop (every time, 3 rounds); now it ends, and
+    the runs cut short are left to their leases."""
+    values = {**FAST_LEASES, "SHUTDOWN_GRACE": 2, "MAX_ACTIVE_TASKS_PER_USER": 0}
+    with override_settings(AGENTTASKS=values):
+        for _ in range(3):
+            cluster = start_cluster(workers=2, **values)
+            slow = slow_tasks(user, 4, 60)
+            wait_for(lambda s=slow: running(s) == 4, timeout=20, message="all running")
+            began = time.monotonic()
+            os.killpg(cluster.process.pid, signal.SIGTERM)
+            cluster.process.wait(2 + queue.STOP_MARGIN + 10)
+            # Well before the watchdog (2 + 15 s): the stop does not hang at all.
+            assert time.monotonic() - began < 2 + 5, cluster.log()[-2000:]
+            assert "queue.stop_overran" not in cluster.log()
+            for task in slow:
+                lifecycle.cancel(task.id)
 
 
 def test_a_recycled_worker_finishes_the_runs_it_holds(start_cluster, user):
