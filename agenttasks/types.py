@@ -74,6 +74,28 @@ class RunOutcome:
     append_message: bool = True
 
 
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:
+    """Read (prompt, completion, total) tokens from a runtime's usage, in either spelling.
+
+    A callable's Reply speaks the API's words (inputTokens, …); the chat runtime, the model
+    server's (prompt_tokens, …).
+    """
+    if not usage:
+        return None
+    prompt = int(usage.get("inputTokens", usage.get("prompt_tokens", 0)) or 0)
+    completion = int(usage.get("outputTokens", usage.get("completion_tokens", 0)) or 0)
+    total = usage.get("totalTokens", usage.get("total_tokens"))
+    return prompt, completion, int(total) if total is not None else prompt + completion
+
+
+def usage_shape(usage: dict[str, Any] | None) -> dict[str, int] | None:
+    """Return a runtime's usage in the API's words, as a result records it (None: unknown)."""
+    counts = usage_counts(usage)
+    if counts is None:
+        return None
+    return dict(zip(("inputTokens", "outputTokens", "totalTokens"), counts, strict=True))
+
+
 @dataclass(frozen=True)
 class Ending:
     """How a finalize settles a task: its terminal status and what it records."""

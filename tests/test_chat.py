@@ -30,6 +30,7 @@ from .fake_model import (
     in_thread,
     refresh,
     run_to_idle,
+    stream_answer,
     task_for,
     tool_results,
     transcript,
@@ -610,6 +611,29 @@ def test_s32_usage_accounting(model, agents, user, recording_queue):
     assert (run.prompt_tokens, run.completion_tokens, run.total_tokens) == (3, 4, 7)
     assert (run.turns, run.tool_calls) == (2, 1)
     assert run.usage == {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7}
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_chat_result_carries_the_usage_the_model_server_sent(
+    model, agents, user, recording_queue, streamed
+):
+    """GET /tasks/{id}/result reports the run's tokens (it answered zeros: the chat runtime's
+    usage is spelled prompt_tokens, the result's shape read inputTokens)."""
+    from rest_framework.test import APIClient
+
+    agents("counter", model="m-counter", stream=streamed)
+    spent = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+    model.script(
+        lambda r: (
+            stream_answer(["do", "ne"], usage=spent) if streamed else answer("done", usage=spent)
+        )
+    )
+    task = task_for_and_run(user, "counter", recording_queue)
+    client = APIClient()
+    client.force_authenticate(user)
+    result = client.get(f"/api/agents/tasks/{task.id}/result").json()["result"]
+    assert result["usage"] == {"inputTokens": 7, "outputTokens": 5, "totalTokens": 12}
+    assert refresh(task).run.usage == result["usage"]
 
 
 # --- budgets (S33–S36) ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from ..conf import app_settings
 from ..exceptions import SpawnError, TaskNotFound
 from ..models import Run, Task
 from ..states import TERMINAL, OutcomeStatus, RunStatus, StopRequest, TaskStatus
-from ..types import ConversationRef, Ending, RunOutcome, TaskInfo
+from ..types import ConversationRef, Ending, RunOutcome, TaskInfo, usage_shape
 from .base import check_agent, conversation_id_of, read
 from .effects import announce, launch, own_run_boundary, resume_if_settled
 from .reading import meta_for
@@ -89,11 +89,10 @@ def _ending(
         reason = "stopped after the current turn"
     task_result = None
     if status == TaskStatus.COMPLETED or (status == TaskStatus.CANCELLED and full):
-        task_result = outcome.task_result or {
-            "content": full,
-            "usage": outcome.usage,
-            "metadata": outcome.metadata,
-        }
+        task_result = outcome.task_result or {"content": full, "metadata": outcome.metadata}
+        # The result speaks the API's words whatever the runtime's (the chat runtime's are the
+        # model server's: prompt_tokens, …).
+        task_result = {**task_result, "usage": usage_shape(task_result.get("usage", outcome.usage))}
     return Ending(
         status=status,
         summary=summary,
@@ -144,7 +143,11 @@ def _settled(won: Task | None, task: Task, run_id: str) -> None:
 
 
 def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
-    partial = {"content": outcome.text, "metadata": outcome.metadata, "usage": outcome.usage}
+    partial = {
+        "content": outcome.text,
+        "metadata": outcome.metadata,
+        "usage": usage_shape(outcome.usage),
+    }
     won = store.pause(
         task.id,
         run_id,

@@ -21,7 +21,7 @@ from ..states import (
     StopRequest,
     TaskStatus,
 )
-from ..types import Ended, Ending, RunOutcome
+from ..types import Ended, Ending, RunOutcome, usage_counts
 from . import postgres
 from .locking import Log, hold_task, lock_run, lock_task, retried, run_finished, task_status
 from .rows import (
@@ -31,7 +31,6 @@ from .rows import (
     owes_wakeup,
     save_task,
     set_status,
-    usage_counts,
     write_debt,
     write_result,
 )

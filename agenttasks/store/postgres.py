@@ -19,9 +19,9 @@ from django.utils.dateparse import parse_datetime
 
 from ..exceptions import RunNotFound, TaskNotFound
 from ..models import Conversation, Run, Task
-from ..types import Claimed, Ended, Ending, RunOutcome
+from ..types import Claimed, Ended, Ending, RunOutcome, usage_counts
 from .locking import announce_events
-from .rows import result_fields, usage_counts
+from .rows import result_fields
 
 M = TypeVar("M", bound=models.Model)
 

@@ -240,16 +240,6 @@ def cancel_open_actions(log: Log, run: Run, now: datetime) -> None:
         PendingAction.objects.bulk_update(actions, ["status", "decided_at"])
 
 
-def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:
-    """Read (prompt, completion, total) tokens from a runtime's usage, in either spelling."""
-    if not usage:
-        return None
-    prompt = int(usage.get("inputTokens", usage.get("prompt_tokens", 0)) or 0)
-    completion = int(usage.get("outputTokens", usage.get("completion_tokens", 0)) or 0)
-    total = usage.get("totalTokens", usage.get("total_tokens"))
-    return prompt, completion, int(total) if total is not None else prompt + completion
-
-
 def add_comment(
     task: Task,
     run_id: str,
