@@ -3,6 +3,7 @@
 import pytest
 
 from agenttasks import lifecycle, store
+from agenttasks.models import Event
 from agenttasks.progress import default_line
 
 from .conftest import wait_for
@@ -55,3 +56,18 @@ def test_a_hook_still_wins(user, settings):
 
 def shout(state) -> str:
     return "STEP ONE"
+
+
+def test_progress_after_an_immediate_cancel_is_dropped(user, recording_queue):
+    """A `slow` task cancelled at step 2 went on to log step 3 after its cancelled event, and
+    the admin then showed the cancelled task at step 3/5."""
+    task = lifecycle.create(owner=user, agent_id="slow", input="go")
+    store.claim(task.run_id, "w1")
+    assert store.record_progress(task.run_id, {"step": 2, "of": 5}, "step 2/5")
+    lifecycle.cancel(task.id)  # at once: the task ends while its run winds down
+    cancelled = row(task.id)
+    assert cancelled.status == "cancelled" and cancelled.run.status == "running"
+    assert not store.record_progress(task.run_id, {"step": 3, "of": 5}, "step 3/5")
+    assert row(task.id).run.progress == {"step": 2, "of": 5}
+    events = Event.objects.filter(conversation_id=task.conversation_id).order_by("seq")
+    assert [e.data["progress"] for e in events if e.type == "task.progress"] == ["step 2/5"]

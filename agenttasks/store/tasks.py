@@ -680,7 +680,8 @@ def record_progress(run_id: str, state: Any, rendered: str) -> bool:
             return bool(
                 Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(progress=state)
             )
-        if task.run.status != RunStatus.RUNNING:
+        # A task stopped at once has ended while its run still winds down: its progress is over.
+        if task.status != TaskStatus.RUNNING or task.run.status != RunStatus.RUNNING:
             return False
         log = Log()
         hold_task(log, task)
