@@ -1,7 +1,8 @@
-"""Errors of the task lifecycle: what each refusal says to a model, and what it answers over REST.
+"""Errors of the task lifecycle: what each refusal says to Python, to a model, and over REST.
 
-A refusal's `str()` is the model-facing text (the task tools return it verbatim). Over REST it
-answers `status_code` with the error envelope `{"error": {"code", "message", "details"}}` built
+A refusal's `str()` speaks the stored statuses (`running`, `waiting_for_input`, …), as Python and
+REST do; `model_message()` is the text the task tools hand a model verbatim, in the model-facing
+words (`working`, `input_required`). Over REST it answers `status_code` with the error envelope `{"error": {"code", "message", "details"}}` built
 from `code`, `api_message()` and `api_details()` (docs/rest.md#errors), as DRF's exceptions carry
 `status_code` and `default_code`. `.info` is the task as it was when refused (the tools show it).
 """
@@ -23,6 +24,10 @@ class TaskError(Exception):
     def __init__(self, message: str | None = None, *, info: Any = None) -> None:
         super().__init__(message or self.default_message)
         self.info = info
+
+    def model_message(self) -> str:
+        """The text a model is handed (the task tools return it verbatim)."""
+        return str(self)
 
     def api_message(self) -> str:
         """The message of the REST error envelope."""
@@ -120,12 +125,15 @@ class NotRetryable(TaskError):
     def __init__(
         self, status: str, *, task_id: str = "", delegate: bool = False, info: Any = None
     ) -> None:
-        super().__init__(
-            f"tasks: cannot retry a task that is {model_status(status)}; only a failed task can "
-            "be retried",
-            info=info,
-        )
+        super().__init__(self._text(status), info=info)
         self.status, self.task_id, self.delegate = status, task_id, delegate
+
+    @staticmethod
+    def _text(status: str) -> str:
+        return f"tasks: cannot retry a task that is {status}; only a failed task can be retried"
+
+    def model_message(self) -> str:
+        return self._text(model_status(self.status))
 
     def api_message(self) -> str:
         if self.delegate:
@@ -170,8 +178,11 @@ class AlreadyFinal(TaskError):
     code = "task_finished"
 
     def __init__(self, status: str, *, task_id: str = "", info: Any = None) -> None:
-        super().__init__(f"tasks: task already {model_status(status)}", info=info)
+        super().__init__(f"tasks: task already {status}", info=info)
         self.status, self.task_id = status, task_id
+
+    def model_message(self) -> str:
+        return f"tasks: task already {model_status(self.status)}"
 
     def api_message(self) -> str:
         return f"Task {self.task_id} has already {self.status}"
@@ -188,14 +199,17 @@ class TaskBusy(TaskError):
     def __init__(
         self, status: str, *, task_id: str = "", delegate: bool = False, info: Any = None
     ) -> None:
-        # Messages to a model use the model-facing name of a status (working, …).
-        message = (
-            "tasks: a delegate task is driven by its caller"
-            if delegate
-            else f"tasks: task is {model_status(status)}"
-        )
-        super().__init__(message, info=info)
+        super().__init__(self._text(status, delegate), info=info)
         self.status, self.task_id, self.delegate = status, task_id, delegate
+
+    @staticmethod
+    def _text(status: str, delegate: bool) -> str:
+        if delegate:
+            return "tasks: a delegate task is driven by its caller"
+        return f"tasks: task is {status}"
+
+    def model_message(self) -> str:
+        return self._text(model_status(self.status), self.delegate)
 
     def api_message(self) -> str:
         if self.delegate:

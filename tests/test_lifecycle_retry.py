@@ -140,7 +140,11 @@ def test_7_2_3_only_a_failed_task_is_retried(h):
         assert before.status == status
         with pytest.raises(NotRetryable) as refused:
             lifecycle.retry(t)
+        # Python speaks the stored status; a model is told the model-facing name.
         assert str(refused.value) == (
+            f"tasks: cannot retry a task that is {status}; only a failed task can be retried"
+        )
+        assert refused.value.model_message() == (
             f"tasks: cannot retry a task that is {name}; only a failed task can be retried"
         )
         assert refused.value.info.status == status and refused.value.info.task_id == t

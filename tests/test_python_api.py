@@ -8,6 +8,7 @@ words (`working`, `input_required`).
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -285,3 +286,15 @@ def test_a_message_counts_the_files_its_conversation_already_has(user, filed_age
         lifecycle.post_message(conversation.id, "a third", uploads=[text_file(2)])
     assert refused.value.code == "too_many_files"
     assert File.objects.filter(conversation_id=conversation.id).count() == 2
+
+
+def test_the_readme_python_api_snippet_runs_as_printed(start_cluster, user):
+    """README, Python API: run top to bottom against a cluster, each assert in it holds."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## Python API\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    start_cluster(workers=1)
+    scope = {"user": user}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert Task.objects.get(pk=scope["failing"].id).attempt == 2
+    assert not Task.objects.filter(pk=scope["task"].id).exists()  # its conversation was deleted

@@ -189,6 +189,17 @@ def test_7_4_8_a_retry_refusal_is_a_result(parent, parent_run):
     assert row(t).status == "completed"
 
 
+def test_a_retry_refusal_tells_a_model_its_own_words(parent, parent_run):
+    """Python's NotRetryable says `running`; the model is told `working`, as the tools speak."""
+    t = spawn(parent, parent_run)
+    assert store.claim(row(t).run_id, "w1")
+    out = tools(parent, parent_run)["task_retry"].call({"task_id": t}, CALL)
+    assert out.is_error is True
+    assert out.text.startswith(
+        "tasks: cannot retry a task that is working; only a failed task can be retried\n"
+    )
+
+
 def test_7_4_9_task_retry_refuses_a_foreign_task(parent, parent_run, recording_queue):
     t = spawn(parent, parent_run)
     finish(t, "failed", error="rate limited")

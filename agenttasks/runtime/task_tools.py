@@ -93,9 +93,15 @@ STOP_PARAMETERS = _schema(
 )
 
 
+def model_text(exc: BaseException) -> str:
+    """What a refusal says to a model: a lifecycle error's model text, else the error's own."""
+    return exc.model_message() if isinstance(exc, TaskError) else str(exc)
+
+
 def tool_error(exc_or_text) -> ToolResult:
-    """A tool error: the exception's text verbatim, nothing else."""
-    return ToolResult(str(exc_or_text), is_error=True)
+    """A tool error: the refusal's model text verbatim, nothing else."""
+    text = model_text(exc_or_text) if isinstance(exc_or_text, BaseException) else exc_or_text
+    return ToolResult(str(text), is_error=True)
 
 
 def describe(info: TaskInfo, progress: str | None = None) -> str:
@@ -230,7 +236,7 @@ class _Session:
                 return tool_error(exc)
             lifecycle.model_has_result(refused)
             card = tool_result(unnamed(refused))
-            card.text = f"{exc}\n{describe(unnamed(refused))}"
+            card.text = f"{model_text(exc)}\n{describe(unnamed(refused))}"
             card.is_error = True
             return card
         lifecycle.model_has_result(info)
