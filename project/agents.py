@@ -112,7 +112,12 @@ DEMO_AGENTS = {
             "maxCount": 2,
         },
     ),
-    "lead": (lead, "spawns a background echo task and notes its result", None),
+    "lead": (
+        lead,
+        "talk to it in a conversation: it spawns a background echo task, and notes the result "
+        "when the task wakes the conversation (as a task of its own it cannot spawn one)",
+        None,
+    ),
 }
 
 
