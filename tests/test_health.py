@@ -1,14 +1,17 @@
 """GET /api/agents/health: ok or degraded for anyone, details for staff or HEALTH_TOKEN."""
 
+import base64
 import os
 import socket
 import time
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import OperationalError, connection
 from django.test.utils import override_settings
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
 from agenttasks import health, store
 from agenttasks.models import ReaperPass, Run
@@ -84,6 +87,23 @@ def test_staff_get_the_details_in_three_queries(admin_client, user, django_asser
     assert details["leases"] == {"expired": 1}
     assert 0 < details["database"]["roundTripMs"] < 100
     assert elapsed < 0.1
+
+
+def test_a_staff_token_or_basic_login_gets_the_details_and_no_one_else(client, user):
+    """Details come with any staff authentication the API accepts, not only a session."""
+    health.record_pass()
+    staff = get_user_model().objects.create_user("ops", password="ops-password", is_staff=True)
+    for who, key in ((staff, "staff"), (user, "plain")):
+        token = Token.objects.create(user=who).key
+        body = client.get(URL, HTTP_AUTHORIZATION=f"Token {token}").json()
+        assert ("details" in body) is (key == "staff"), key
+    basic = base64.b64encode(b"ops:ops-password").decode()
+    with override_settings(
+        AGENTTASKS={"AUTHENTICATION_CLASSES": ["rest_framework.authentication.BasicAuthentication"]}
+    ):
+        assert "details" in client.get(URL, HTTP_AUTHORIZATION=f"Basic {basic}").json()
+    bad = client.get(URL, HTTP_AUTHORIZATION="Token nope")
+    assert bad.status_code == 200 and "details" not in bad.json()
 
 
 def test_the_health_token_gets_the_details(client, user):
