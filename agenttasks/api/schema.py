@@ -28,6 +28,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from .. import __version__, registry
+from ..a2a import available as a2a_available
 from ..conf import app_settings
 from . import errors
 from .permissions import user_of
@@ -209,11 +210,24 @@ class EndpointSerializer(serializers.Serializer):
     summary = serializers.CharField()
 
 
+class A2AIndexSerializer(serializers.Serializer):
+    agentCard = serializers.CharField(help_text="An agent's Agent Card ({agentId} in the path).")
+    jsonRpc = serializers.CharField(help_text="An agent's JSON-RPC binding.")
+    httpJson = serializers.CharField(help_text="An agent's HTTP+JSON binding (its base path).")
+
+
 class IndexSerializer(serializers.Serializer):
     name = serializers.CharField()
     version = serializers.CharField()
     docs = serializers.CharField(required=False, help_text="Swagger UI (when SERVE_DOCS).")
     openapi = serializers.CharField(required=False, help_text="The OpenAPI document.")
+    health = serializers.CharField(help_text="The health check.")
+    metrics = serializers.CharField(
+        required=False, help_text="Prometheus metrics (when METRICS_ENABLED)."
+    )
+    a2a = A2AIndexSerializer(
+        required=False, help_text="Every exposed agent as an A2A server (with the a2a extra)."
+    )
     endpoints = EndpointSerializer(many=True)
     agents = AgentSerializer(
         many=True, required=False, help_text="When the caller may list agents."
@@ -238,6 +252,16 @@ class IndexView(ApiView):
         if app_settings.SERVE_DOCS:
             out["docs"] = prefix + "/docs"
             out["openapi"] = prefix + "/docs/openapi.json"
+        out["health"] = prefix + "/health"
+        if app_settings.METRICS_ENABLED:
+            out["metrics"] = prefix + "/metrics"
+        if a2a_available():
+            agent = prefix + "/a2a/{agentId}"
+            out["a2a"] = {
+                "agentCard": agent + "/.well-known/agent-card.json",
+                "jsonRpc": agent,
+                "httpJson": agent + "/rest",
+            }
         out["endpoints"] = [
             {"method": method.upper(), "path": prefix + path, "summary": operation["summary"]}
             for path, operations in document()["paths"].items()

@@ -22,6 +22,22 @@ def test_the_index_lists_endpoints_docs_and_agents(as_alice):
     assert "internal" not in {a["id"] for a in index["agents"]}  # not exposed over REST
 
 
+def test_the_index_lists_health_metrics_and_a2a(anonymous):
+    index = anonymous.get(PREFIX + "/").json()
+    assert index["health"] == PREFIX + "/health" and "metrics" not in index
+    assert index["a2a"] == {
+        "agentCard": PREFIX + "/a2a/{agentId}/.well-known/agent-card.json",
+        "jsonRpc": PREFIX + "/a2a/{agentId}",
+        "httpJson": PREFIX + "/a2a/{agentId}/rest",
+    }
+    assert Client().get(index["health"]).status_code in (200, 503)
+    card = index["a2a"]["agentCard"].replace("{agentId}", "echo")
+    assert Client().get(card).status_code == 200
+    with agenttasks(METRICS_ENABLED=True):
+        index = anonymous.get(PREFIX + "/").json()
+        assert Client().get(index["metrics"]).status_code == 200
+
+
 def test_the_index_needs_no_user_but_shows_agents_only_to_one(anonymous):
     index = anonymous.get(PREFIX + "/").json()
     assert "agents" not in index and index["docs"] == PREFIX + "/docs"
