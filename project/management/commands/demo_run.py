@@ -55,12 +55,14 @@ class Command(BaseCommand):
             subprocess.Popen([*manage, "qcluster"], start_new_session=True),
             subprocess.Popen([*manage, "runserver", address], start_new_session=True),
         ]
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        # A stop asked for (Ctrl-C, SIGTERM) is a clean end: exit 0, so `make run` reports no
+        # error; a child that ended on its own passes its status on.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         code = 0
         try:
             code = wait_any(children)
         except KeyboardInterrupt:
-            code = 130
+            code = 0
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
             stop(children)
