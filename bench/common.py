@@ -25,7 +25,10 @@ def setup_django() -> None:
     os.environ.setdefault("AGENTTASKS_LOG", "WARNING")
     os.environ.setdefault("DJANGO_DEBUG", "0")  # DEBUG keeps every query: slower, and it grows
     os.environ.setdefault("Q_LOG_LEVEL", "WARNING")  # not one "Enqueued" line per task here
-    os.environ.setdefault("AGENTTASKS_OVERRIDES", '{"MAX_ACTIVE_TASKS_PER_USER": 0}')
+    # Metrics off, as the baselines were measured (a site that does not scrape writes no counter).
+    os.environ.setdefault(
+        "AGENTTASKS_OVERRIDES", '{"MAX_ACTIVE_TASKS_PER_USER": 0, "METRICS_ENABLED": false}'
+    )
     _ensure_database(os.environ["DATABASE_URL"])
     import django
 

@@ -32,6 +32,7 @@ def overrides(slots: int | None) -> dict:
     """The AGENTTASKS overrides of this benchmark (the cluster reads them too)."""
     values = {
         "MAX_ACTIVE_TASKS_PER_USER": 0,
+        "METRICS_ENABLED": False,  # as the baselines were measured
         "MODEL_BASE_URL": f"http://127.0.0.1:{MODEL_PORT}/v1",
         "DEFAULT_MODEL": "fake",
         "AGENTS": {AGENT: {"runtime": "chat", "does": "answers", "stream": True}},

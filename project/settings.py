@@ -183,6 +183,8 @@ AGENTTASKS = {
         "": "project.agents.describe_state",
         "slow": "project.agents.describe_state",
     },
+    # The demo serves /api/agents/metrics (the banner says so); a site turns it on itself.
+    "METRICS_ENABLED": os.environ.get("DEMO_METRICS", "1") == "1",
     # Overrides for one run (the benchmarks lift the active-task cap): a JSON object.
     **json.loads(os.environ.get("AGENTTASKS_OVERRIDES") or "{}"),
 }

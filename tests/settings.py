@@ -12,6 +12,10 @@ from project.settings import INSTALLED_APPS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.apps.TestAgentsConfig"]
 
+# The demo serves metrics; the suite turns them on where it tests them (a counter written per
+# run would change what other tests count).
+AGENTTASKS = {**AGENTTASKS, "METRICS_ENABLED": False}  # noqa: F405
+
 # A cluster started by a test (a subprocess) takes its AGENTTASKS overrides from the environment.
 if os.environ.get("AGENTTASKS_TEST_SETTINGS"):
     AGENTTASKS = {**AGENTTASKS, **json.loads(os.environ["AGENTTASKS_TEST_SETTINGS"])}  # noqa: F405

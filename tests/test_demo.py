@@ -143,6 +143,13 @@ def test_make_run_listens_on_loopback_and_ctrl_c_stops_everything(tmp_path):
         body = json.dumps({"agentId": "echo", "input": "untyped"}).encode()
         assert post(port, token, body, None) == 201
         assert post(port, token, body, "text/plain") == 415  # a declared type still counts
+        # The demo serves its metrics, and says where.
+        assert f"Metrics:   http://127.0.0.1:{port}/api/agents/metrics" in output
+        metrics = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        metrics.request("GET", "/api/agents/metrics")
+        scraped = metrics.getresponse()
+        assert scraped.status == 200 and b"agenttasks_tasks" in scraped.read()
+        metrics.close()
     finally:
         # Ctrl-C reaches the demo (make may be told too: then it dies of it, and says nothing).
         for pid in processes_marked(marker):

@@ -141,9 +141,14 @@ def test_counters_are_rows_every_process_shares(client):
 
 @pytest.mark.django_db
 def test_off_unless_enabled_and_guarded_by_its_token(client):
-    response = client.get(URL)
+    with override_settings(AGENTTASKS={}):
+        response = client.get(URL)
     assert response.status_code == 404
-    assert response.json()["error"]["code"] == "NOT_FOUND"
+    assert response.json()["error"] == {
+        "code": "NOT_FOUND",
+        "message": f"Route not found: GET {URL} "
+        "(metrics are off: set AGENTTASKS['METRICS_ENABLED'] = True)",
+    }
     with override_settings(AGENTTASKS={"METRICS_ENABLED": True, "METRICS_TOKEN": "m3"}):
         refused = client.get(URL)
         assert refused.status_code == 401

@@ -65,7 +65,9 @@ def health(request: HttpRequest) -> HttpResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     """The Prometheus text format, when METRICS_ENABLED (and with METRICS_TOKEN when set)."""
     if not app_settings.METRICS_ENABLED:
-        return errors.json_error(errors.route_not_found(request))
+        off = errors.route_not_found(request)
+        off.message += " (metrics are off: set AGENTTASKS['METRICS_ENABLED'] = True)"
+        return errors.json_error(off)
     if request.method not in SAFE_METHODS:
         return errors.json_error(errors.method_not_allowed(request))
     if app_settings.METRICS_TOKEN and not _carries(request, app_settings.METRICS_TOKEN):

@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
+from agenttasks.conf import app_settings
 from project.settings import DEMO_SECRET_KEY
 
 USERNAME = "admin"
@@ -57,6 +58,10 @@ class Command(BaseCommand):
             f"  Admin:     {base}/admin/   (user {USERNAME}, password {PASSWORD})",
             f"  REST API:  {base}/api/agents/   (header: Authorization: Token {token.key})",
         ]
+        if app_settings.METRICS_ENABLED:
+            lines.append(
+                f"  Metrics:   {base}/api/agents/metrics   (DEMO_METRICS=0 turns them off)"
+            )
         unsafe = insecure_choices(user)
         if unsafe:
             lines.append(
