@@ -135,7 +135,7 @@ def test_changelist_shows_columns_badges_progress_and_parent(admin_client, admin
     # A's parent is a plain conversation; B's parent is task A.
     assert f'href="{url("conversation_change", chat.pk)}"' in html
     assert f'href="{url("task_change", a.pk)}"' in html
-    for column in ("attempt", "progress", "parent", "duration"):
+    for column in ("task", "status_badge", "progress", "updated", "duration"):
         assert f"column-{column}" in html
     assert url("task_overview") in html
 

@@ -182,3 +182,46 @@ def test_a_logged_in_browser_creates_a_task_with_fetch(live_server, browser):
         assert refused["body"]["error"]["code"] == "FORBIDDEN"
         assert refused["body"]["error"]["message"].startswith("CSRF Failed: ")
     assert Task.objects.count() == 1
+
+
+def test_the_task_list_fits_1280_pixels_with_what_an_operator_reads_first(live_server, browser):
+    """Status, progress, agent, owner, the last update and the duration, without scrolling
+    sideways; the id, the attempt and the parent stay reachable in the first column."""
+    operator = get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password")
+    root = lifecycle.create_conversation(owner=operator, agent_id="echo")
+    for i in range(3):
+        lifecycle.create(
+            owner=operator,
+            agent_id="slow",
+            input=f"a long input {i}",
+            label=f"Quarterly report for the northern region, part {i}",
+        )
+    spawned = lifecycle.spawn(root.id, "slow", "child", label="child of a conversation")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(20_000)
+    page.goto(f"{live_server.url}/admin/login/?next={admin_path('task_changelist')}")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "ops-password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#result_list")
+    widths = page.evaluate(
+        "() => ({page: document.documentElement.scrollWidth,"
+        " table: document.querySelector('#result_list').scrollWidth,"
+        " box: document.querySelector('.results').clientWidth})"
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "admin-task-list-1280.png", full_page=True)
+    assert widths["page"] <= 1280 and widths["table"] <= widths["box"], widths
+    headers = page.locator("#result_list thead th").all_inner_texts()
+    assert [h.strip().lower() for h in headers[1:]] == [
+        "task",
+        "status",
+        "progress",
+        "agent",
+        "owner",
+        "updated",
+        "duration",
+    ]
+    row = page.locator("#result_list tbody tr", has_text="child of a conversation")
+    assert spawned.task_id in row.inner_text()
+    assert row.locator(f"a[href*='{quote(root.id)}']").count() == 1  # the parent, one click away
