@@ -293,6 +293,8 @@ class TaskAdmin(ReadOnlyAdmin):
         below, cut = tree.descendants(task.conversation_id)
         entries, hidden = timeline.entries(task.conversation, task_id=task.pk)
         result = TaskResult.objects.filter(task=task).first()
+        if result is not None and result.partial and not (result.content or result.files):
+            result = None  # a pause that said nothing yet: there is no result to show
         can_cancel = self.has_cancel_permission(request)
         live = task.status in LIVE
         return {
