@@ -129,8 +129,10 @@ def check_cluster(app_configs=None, **kwargs):
     return []
 
 
-@register(Tags.database)
-def check_worker_connections(app_configs=None, databases=None, **kwargs):
+# The two database checks read only the settings, so they run with a plain `manage.py check`
+# (a check tagged `database` runs only with `--database`).
+@register()
+def check_worker_connections(app_configs=None, **kwargs):
     """On PostgreSQL a worker process's runs in flight share a pool of connections."""
     conn = connections["default"]
     if conn.vendor != "postgresql" or (conn.settings_dict.get("OPTIONS") or {}).get("pool"):
@@ -150,24 +152,27 @@ def check_worker_connections(app_configs=None, databases=None, **kwargs):
     ]
 
 
-@register(Tags.database)
-def check_sqlite(app_configs=None, databases=None, **kwargs):
+SQLITE_OPTIONS = (
+    '"OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, '
+    '"init_command": "PRAGMA journal_mode=WAL;"}'
+)
+
+
+@register()
+def check_sqlite(app_configs=None, **kwargs):
     """On SQLite, transactions must take the write lock at BEGIN for the store's checks to hold."""
-    messages = []
-    for alias in databases or ():
-        conn = connections[alias]
-        if (
-            conn.vendor == "sqlite"
-            and (conn.settings_dict.get("OPTIONS") or {}).get("transaction_mode") != "IMMEDIATE"
-        ):
-            messages.append(
-                Warning(
-                    f"Database {alias!r} is SQLite without transaction_mode IMMEDIATE.",
-                    hint='Set "OPTIONS": {"transaction_mode": "IMMEDIATE"}.',
-                    id="agenttasks.W008",
-                )
-            )
-    return messages
+    return [
+        Warning(
+            f"Database {conn.alias!r} is SQLite without transaction_mode IMMEDIATE.",
+            hint=f"Set {SQLITE_OPTIONS}: every transaction then takes the write lock at BEGIN "
+            "(the store's compare-and-set checks are exact), and processes wait for each "
+            'other instead of failing with "database is locked".',
+            id="agenttasks.W008",
+        )
+        for conn in connections.all(initialized_only=False)
+        if conn.vendor == "sqlite"
+        and (conn.settings_dict.get("OPTIONS") or {}).get("transaction_mode") != "IMMEDIATE"
+    ]
 
 
 def unresettable_pools(wrappers) -> list[str]:

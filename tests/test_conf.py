@@ -115,3 +115,35 @@ def test_ids_have_prefix_and_21_url_safe_characters():
         value = make()
         assert re.fullmatch(re.escape(prefix) + r"[A-Za-z0-9_-]{21}", value)
     assert len({ids.new_task_id() for _ in range(1000)}) == 1000
+
+
+def test_a_plain_check_warns_of_sqlite_without_immediate_with_the_whole_options(tmp_path):
+    """W008 needed `check --database default`; it reads only the settings, so a plain check."""
+    import os
+    import subprocess
+    import sys
+
+    from .cluster import ROOT
+
+    (tmp_path / "loose_settings.py").write_text(
+        "from project.settings import *  # noqa: F403\n"
+        'DATABASES["default"]["OPTIONS"] = {}  # noqa: F405\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env |= {
+        "DJANGO_SETTINGS_MODULE": "loose_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "SQLITE_PATH": str(tmp_path / "loose.sqlite3"),
+    }
+    checked = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert (
+        "?: (agenttasks.W008) Database 'default' is SQLite without transaction_mode IMMEDIATE."
+        in checked.stderr
+    )
+    assert (
+        'HINT: Set "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, '
+        '"init_command": "PRAGMA journal_mode=WAL;"}'
+    ) in checked.stderr
