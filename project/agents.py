@@ -94,14 +94,16 @@ def lead(ctx) -> Reply:
     return Reply(content=f"Started {card.details['task_id']}")
 
 
+NO_FILES = {"enabled": False}  # the agent ignores files: the API and the playground say so
+
 DEMO_AGENTS = {
-    "echo": (echo, "replies Echo: <your message>", None),
-    "slow": (slow, "sleeps metadata.seconds (default 5), reporting progress", None),
-    "clarify": (clarify, "asks which format the legacy way, then finishes", None),
-    "boom": (boom, "always fails with kaboom", None),
-    "flaky": (flaky, "fails its first attempt, recovers on retry", None),
-    "approver": (approver, "asks approval to deploy to <input>", None),
-    "asker": (asker, "asks which format: PDF or HTML", None),
+    "echo": (echo, "replies Echo: <your message>", NO_FILES),
+    "slow": (slow, "sleeps metadata.seconds (default 5), reporting progress", NO_FILES),
+    "clarify": (clarify, "asks which format the legacy way, then finishes", NO_FILES),
+    "boom": (boom, "always fails with kaboom", NO_FILES),
+    "flaky": (flaky, "fails its first attempt, recovers on retry", NO_FILES),
+    "approver": (approver, "asks approval to deploy to <input>", NO_FILES),
+    "asker": (asker, "asks which format: PDF or HTML", NO_FILES),
     "docs": (
         docs,
         "lists the files it was given",
@@ -116,7 +118,7 @@ DEMO_AGENTS = {
         lead,
         "talk to it in a conversation: it spawns a background echo task, and notes the result "
         "when the task wakes the conversation (as a task of its own it cannot spawn one)",
-        None,
+        NO_FILES,
     ),
 }
 

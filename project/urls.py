@@ -1,9 +1,13 @@
 from django.contrib import admin
+from django.contrib.auth.views import LogoutView
 from django.urls import include, path
-from django.views.generic import TemplateView
+
+from .views import home, sign_in
 
 urlpatterns = [
-    path("", TemplateView.as_view(template_name="home.html"), name="home"),
+    path("", home, name="home"),
+    path("login/", sign_in, name="login"),
+    path("logout/", LogoutView.as_view(next_page="login"), name="logout"),
     path("admin/", admin.site.urls),
     path("api/agents/", include("agenttasks.urls")),
 ]
