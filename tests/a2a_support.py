@@ -5,6 +5,7 @@
 """
 
 import asyncio
+import base64
 import uuid
 
 import httpx
@@ -139,6 +140,42 @@ class Peer:
     def delete_config(self, task_id: str, config_id: str):
         request = pb.DeleteTaskPushNotificationConfigRequest(task_id=task_id, id=config_id)
         return self.run(lambda client: client.delete_task_push_notification_config(request))
+
+
+def rpc(server, token, agent, method, params):
+    """One JSON-RPC call over raw HTTP; the parsed response."""
+    response = httpx.post(
+        card_url(server, agent) + "/",
+        json={"jsonrpc": "2.0", "id": 7, "method": method, "params": params},
+        headers={"Authorization": f"Token {token}", "A2A-Version": "1.0"},
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def rest_call(server, token, agent, method, path, body=None):
+    """One HTTP+JSON call over raw HTTP (`path` under `rest`, as sent); the response."""
+    return httpx.request(
+        method,
+        card_url(server, agent) + "/rest" + path,
+        json=body,
+        headers={"Authorization": f"Token {token}", "A2A-Version": "1.0"},
+    )
+
+
+def rest_reason(response) -> str:
+    """The ErrorInfo reason of an HTTP+JSON error."""
+    return (response.json()["error"].get("details") or [{}])[0].get("reason", "")
+
+
+def message_json(text, **fields) -> dict:
+    """A Message as JSON, with one text part."""
+    return {
+        "messageId": base64.b16encode(text.encode()).decode() or "empty",
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+        **fields,
+    }
 
 
 def text_of(parts) -> str:

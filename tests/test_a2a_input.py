@@ -2,7 +2,6 @@
 """A2A INPUT_REQUIRED (docs/a2a.md#answering): questions, approvals and clarifications answered
 by SendMessage with the task's id; contexts; the REST limits; protocol error codes."""
 
-import base64
 import json
 
 import httpx
@@ -25,7 +24,9 @@ from .a2a_support import (  # noqa: F401  (fixtures)
     card_url,
     cluster,
     data_of,
+    message_json,
     peer,
+    rpc,
     server,
     text_message,
     text_of,
@@ -144,16 +145,6 @@ def test_the_read_and_write_throttles(peer, cluster, settings, binding):
         client.get(task.id)
 
 
-def rpc(server, token, agent, method, params):
-    response = httpx.post(
-        card_url(server, agent) + "/",
-        json={"jsonrpc": "2.0", "id": 7, "method": method, "params": params},
-        headers={"Authorization": f"Token {token}", "A2A-Version": "1.0"},
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def test_protocol_error_codes_on_both_bindings(server, alice, bob, cluster):
     def code(method, params, agent="echo", token=alice.token):
         return rpc(server, token, agent, method, params)["error"]["code"]
@@ -187,15 +178,6 @@ def test_protocol_error_codes_on_both_bindings(server, alice, bob, cluster):
     assert anonymous.status_code == 401
     assert httpx.get(card_url(server, "echo") + "/", headers=headers).status_code == 405
     assert httpx.put(rest + f"/tasks/{task_id}", headers=headers).status_code == 405
-
-
-def message_json(text, **fields) -> dict:
-    return {
-        "messageId": base64.b16encode(text.encode()).decode() or "empty",
-        "role": "ROLE_USER",
-        "parts": [{"text": text}],
-        **fields,
-    }
 
 
 def test_malformed_bodies(server, alice, cluster):

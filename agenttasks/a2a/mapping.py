@@ -14,12 +14,16 @@ from typing import Any
 
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct, Value
 
 from .. import files, lifecycle
+from ..api import errors as api_errors
 from ..api.serializers import pending_actions
+from ..api.serializers.checks import uploads as rest_uploads
 from ..ids import new_task_id
 from ..models import A2AContext, Event, Task, TaskResult
 from ..states import TaskStatus
@@ -82,18 +86,6 @@ def contexts_of(tasks) -> dict[str, str]:
         )
     )
     return {t.id: linked.get(t.id, t.conversation_id) for t in tasks}
-
-
-def context_tasks(task: Task, context_id: str) -> list[Task]:
-    """The tasks of the context up to this one, oldest first, of the same owner."""
-    rows = Task.objects.filter(
-        owner_id=task.owner_id,
-        a2a_context__context_id=context_id,
-        conversation__deleting_at__isnull=True,
-        created_at__lte=task.created_at,
-    ).order_by("created_at", "id")
-    tasks = [t for t in rows if t.id != task.id]
-    return [*tasks, task]
 
 
 # --- reading a task ----------------------------------------------------------------------------
@@ -170,35 +162,70 @@ def artifacts(task: Task, base_url: str | None) -> list[pb.Artifact]:
     ]
 
 
-def history(task: Task, context_id: str, base_url: str | None, length=None) -> list[pb.Message]:
-    """The messages of the context's tasks up to this one (the last `length` of them)."""
-    if length == 0:
-        return []
-    tasks = context_tasks(task, context_id)
-    order = {t.conversation_id: (i, t.id) for i, t in enumerate(tasks)}
+def reached(task: Task, context_id: str, length: int | None) -> list[tuple[str, str]]:
+    """List the (conversation id, task id) of the last `length` tasks of a task's context up to
+    it, of its owner, oldest first (None: all)."""
+    # Each task has at least its input as a message: `length` messages reach no further back.
+    earlier = Q(created_at__lt=task.created_at) | Q(created_at=task.created_at, id__lt=task.id)
     rows = (
-        Event.objects.filter(conversation_id__in=list(order), type__in=list(ROLES))
-        .exclude(type="message.assistant", data__content=None)
-        .order_by("seq")
-    )
-    events = sorted(rows, key=lambda e: (order[e.conversation_id][0], e.seq))
-    if length is not None:
-        events = events[-length:]
-    out = []
-    for event in events:
-        data = event.data or {}
-        parts = [text_part(data.get("content") or "")]
-        parts.extend(p for p in (file_part(f, base_url) for f in data.get("files") or []) if p)
-        out.append(
-            pb.Message(
-                message_id=event.id,
-                context_id=context_id,
-                task_id=order[event.conversation_id][1],
-                role=ROLES[event.type],
-                parts=parts,
-            )
+        Task.objects.filter(
+            earlier,
+            a2a_context__context_id=context_id,
+            owner_id=task.owner_id,
+            conversation__deleting_at__isnull=True,
         )
+        .order_by("-created_at", "-id")
+        .values_list("conversation_id", "id")
+    )
+    if length is not None:
+        rows = rows[: length - 1]
+    return [*reversed(rows), (task.conversation_id, task.id)]
+
+
+def last_messages(conversation_ids, length: int | None) -> dict[str, list[Event]]:
+    """Read the messages of these conversations by seq, the last `length` of each (None: all)."""
+    rows = Event.objects.filter(conversation_id__in=conversation_ids, type__in=list(ROLES)).exclude(
+        type="message.assistant", data__content=None
+    )
+    if length is not None:
+        latest = Window(RowNumber(), partition_by=F("conversation_id"), order_by=F("seq").desc())
+        rows = rows.annotate(latest=latest).filter(latest__lte=length)
+    out: dict[str, list[Event]] = {}
+    for event in rows.order_by("conversation_id", "seq"):
+        out.setdefault(event.conversation_id, []).append(event)
     return out
+
+
+def histories(
+    tasks: list[Task], contexts: dict[str, str], base_url: str | None, length: int | None
+) -> dict[str, list[pb.Message]]:
+    """Build each task's history: the last `length` messages (None: all) of its context's tasks
+    up to it, reading only those (at most a statement per task, and one for their messages)."""
+    if length == 0:
+        return {t.id: [] for t in tasks}
+    chains = {t.id: reached(t, contexts[t.id], length) for t in tasks}
+    events = last_messages({c for chain in chains.values() for c, _ in chain}, length)
+    out = {}
+    for task in tasks:
+        messages = [(t, e) for c, t in chains[task.id] for e in events.get(c, [])]
+        if length is not None:
+            messages = messages[-length:]
+        out[task.id] = [history_message(e, t, contexts[task.id], base_url) for t, e in messages]
+    return out
+
+
+def history_message(event: Event, task_id: str, context_id: str, base_url) -> pb.Message:
+    """Build a history message from a message event."""
+    data = event.data or {}
+    parts = [text_part(data.get("content") or "")]
+    parts.extend(p for p in (file_part(f, base_url) for f in data.get("files") or []) if p)
+    return pb.Message(
+        message_id=event.id,
+        context_id=context_id,
+        task_id=task_id,
+        role=ROLES[event.type],
+        parts=parts,
+    )
 
 
 def task_message(
@@ -206,10 +233,10 @@ def task_message(
     context_id: str,
     *,
     base_url: str | None,
-    history_length: int | None = None,
+    history: list[pb.Message],
     with_artifacts: bool = True,
 ) -> pb.Task:
-    """An agenttasks task as an A2A Task."""
+    """An agenttasks task as an A2A Task, with its history (`histories`)."""
     meta: dict[str, Any] = {"agentId": task.agent, "conversationId": task.conversation_id}
     meta["runId"] = task.run_id
     meta["attempt"] = task.attempt_no()
@@ -219,7 +246,7 @@ def task_message(
         id=task.id,
         context_id=context_id,
         status=status(task, context_id),
-        history=history(task, context_id, base_url, history_length),
+        history=history,
         metadata=struct(meta),
     )
     if with_artifacts:
@@ -258,10 +285,13 @@ class Incoming:
     data: list = field(default_factory=list)
 
 
-def read(message: pb.Message) -> Incoming:
+def read(message: pb.Message, sent: list) -> Incoming:
     """Text parts are the input, raw file parts become task files, data parts are kept apart.
 
-    A file part by URL is refused: the server does not fetch what a client points to.
+    The data and the file bytes are read from `sent`, the parts as their JSON came: protobuf
+    holds a JSON number as a double (10**309 overflows it, 2**63 loses digits) and decodes base64
+    leniently, where REST keeps the number and refuses the base64. A file part by URL is refused:
+    the server does not fetch what a client points to.
     """
     out = Incoming()
     texts = []
@@ -270,20 +300,53 @@ def read(message: pb.Message) -> Incoming:
         if kind == "text":
             texts.append(part.text)
         elif kind == "raw":
-            name = files.clean_name(part.filename or "") or f"file-{i + 1}"
-            mime = files.clean_mime_type(part.media_type or "application/octet-stream")
-            if mime is None:
-                raise InvalidParamsError(f"parts[{i}].mediaType must look like type/subtype")
-            out.uploads.append(
-                files.Upload(index=i, name=name[: files.MAX_NAME], mime_type=mime, content=part.raw)
-            )
+            out.uploads.append(upload(i, part, sent[i]["raw"]))
         elif kind == "url":
             raise ContentTypeNotSupportedError(
                 f"parts[{i}]: file parts by URL are not supported; send the bytes (raw)"
             )
         elif kind == "data":
-            out.data.append(json_format.MessageToDict(part.data))
+            out.data.append(sent[i]["data"])
     out.text = "\n\n".join(t for t in texts if t)
+    return out
+
+
+# REST's FileInput fields (docs/rest.md#files), as a file part names them.
+PART_FIELDS = {"name": "filename", "mimeType": "mediaType", "content": "raw"}
+
+
+def upload(i: int, part: pb.Part, raw: str) -> files.Upload:
+    """Check a file part with REST's check of an upload (name, media type, strict base64)."""
+    item = {
+        "name": files.clean_name(part.filename) or f"file-{i + 1}",
+        "mimeType": part.media_type or "application/octet-stream",
+        "content": raw,
+    }
+    try:
+        (checked,) = rest_uploads([item])
+    except api_errors.ApiError as exc:
+        message = exc.message
+        for rest_field, field_name in PART_FIELDS.items():
+            message = message.replace(f"files[0].{rest_field}", f"parts[{i}].{field_name}")
+        raise InvalidParamsError(message) from None
+    checked.index = i
+    return checked
+
+
+def without_values(params: dict) -> dict:
+    """Drop from SendMessageRequest params the JSON values the service reads as sent."""
+    # The request's and the message's metadata and the data parts: protobuf holds their numbers
+    # as doubles, and one a double cannot hold (10**309) stops it reading the rest.
+    out = {k: v for k, v in params.items() if k != "metadata"}
+    message = params.get("message")
+    if isinstance(message, dict):
+        out["message"] = {k: v for k, v in message.items() if k != "metadata"}
+        parts = message.get("parts")
+        if isinstance(parts, list):
+            # {} keeps the part a data part (and one with another content still refused).
+            out["message"]["parts"] = [
+                {**p, "data": {}} if isinstance(p, dict) and "data" in p else p for p in parts
+            ]
     return out
 
 

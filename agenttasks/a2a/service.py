@@ -5,7 +5,6 @@ message, goes through the lifecycle and the REST read paths, and returns an SDK 
 raises one of the SDK's A2A errors. Nothing here writes a status: the lifecycle does.
 """
 
-import base64
 import logging
 from dataclasses import dataclass
 from datetime import timezone as dt_timezone
@@ -22,13 +21,12 @@ from a2a.utils.errors import (
 )
 from django.db import transaction
 from django.db.models import Q
-from django.utils.dateparse import parse_datetime
-from google.protobuf import json_format
 
 from .. import callbacks, files, ids, lifecycle
 from ..api import errors as api_errors
 from ..api import serializers as s
 from ..api import slots
+from ..api.cursors import Keyset
 from ..api.permissions import owner_id, user_of
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
@@ -39,6 +37,10 @@ from . import mapping, push
 logger = logging.getLogger(__name__)
 
 SETTLED = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
+# ListTasks' historyLength per task, at most: a page holds up to 100 tasks.
+MAX_LIST_HISTORY_LENGTH = 10
+# ListTasks' order; its signed cursors, as REST signs its own, are the page tokens.
+TASKS_ORDER = Keyset("a2a.tasks", ("created_at", "id"), descending=True)
 YES = {"yes", "y", "approve", "approved", "ok", "true"}
 NO = {"no", "n", "deny", "denied", "reject", "false"}
 
@@ -60,12 +62,13 @@ class Call:
         return owner_id(self.request)
 
     def present(self, task: Task, history_length=None, with_artifacts=True) -> pb.Task:
-        context = mapping.contexts_of([task])[task.id]
+        contexts = mapping.contexts_of([task])
+        history = mapping.histories([task], contexts, self.mount_url, history_length)
         return mapping.task_message(
             task,
-            context,
+            contexts[task.id],
             base_url=self.mount_url,
-            history_length=history_length,
+            history=history[task.id],
             with_artifacts=with_artifacts,
         )
 
@@ -96,6 +99,20 @@ def reload(task_id: str) -> Task:
 
 
 @dataclass
+class SendRequest:
+    """A SendMessageRequest: as protobuf reads it (`proto`), and as its JSON came (`params`),
+    from which its metadata, data parts and file bytes are read (`mapping.read`)."""
+
+    proto: pb.SendMessageRequest
+    params: dict
+
+    @property
+    def message_json(self) -> dict:
+        message = self.params.get("message")
+        return message if isinstance(message, dict) else {}
+
+
+@dataclass
 class Sent:
     """A task as a SendMessage left it (`task` None: rejected), and the log position a stream
     of it follows from (so that nothing the worker wrote meanwhile is missed)."""
@@ -105,12 +122,12 @@ class Sent:
     after: int = 0
 
 
-def send(call: Call, req: pb.SendMessageRequest) -> Sent:
+def send(call: Call, req: SendRequest) -> Sent:
     """Create a task, or answer the one named by `taskId`; return it as written (no wait)."""
-    message = req.message
+    message = req.proto.message
     if not message.parts:
         raise InvalidParamsError("message.parts is required")
-    incoming = mapping.read(message)
+    incoming = mapping.read(message, req.message_json["parts"])
     if message.task_id:
         task = find_task(call, message.task_id)
         after = (
@@ -124,47 +141,65 @@ def send(call: Call, req: pb.SendMessageRequest) -> Sent:
     return Sent(task_message, created, 0)  # a new conversation: follow it from its start
 
 
-def send_message(call: Call, req: pb.SendMessageRequest) -> pb.SendMessageResponse:
-    """SendMessage: blocking until a terminal or interrupted state unless returnImmediately."""
-    sent = send(call, req)
-    task_message, task = sent.message, sent.task
-    if task is not None and not req.configuration.return_immediately:
-        task = wait(call, task.id)
-        task_message = call.present(task, _history_length(req.configuration))
-    return pb.SendMessageResponse(task=task_message)
+def send_message(call: Call, req: SendRequest) -> pb.SendMessageResponse:
+    """SendMessage: blocking until a terminal or interrupted state unless returnImmediately.
+
+    A blocking one takes its wait place first: refused it (429), it has written nothing, so a
+    retry cannot do the work twice.
+    """
+    configuration = req.proto.configuration
+    held = None if configuration.return_immediately else wait_place(call)
+    try:
+        sent = send(call, req)
+        if held is None or sent.task is None:
+            return pb.SendMessageResponse(task=sent.message)
+        task = wait(call, sent.task.id)
+        return pb.SendMessageResponse(task=call.present(task, _history_length(configuration)))
+    finally:
+        if held is not None:
+            held.release()
 
 
 def _history_length(configuration) -> int | None:
     return configuration.history_length if configuration.HasField("history_length") else None
 
 
-def wait(call: Call, task_id: str) -> Task:
-    """Wait for a terminal or input-required state (at most MAX_STATUS_WAIT), holding a place
-    under MAX_WAITS_PER_USER like GET /tasks/{id}/wait."""
-    timeout = float(app_settings.MAX_STATUS_WAIT)
-    held = slots.take(
+def wait_place(call: Call) -> slots.Held:
+    """Take one of the user's MAX_WAITS_PER_USER places, as /wait does (429 when all are held)."""
+    return slots.take(
         call.request,
         slots.WAIT,
         app_settings.MAX_WAITS_PER_USER,
-        timeout + app_settings.SLOT_LEASE_SECONDS,
+        float(app_settings.MAX_STATUS_WAIT) + app_settings.SLOT_LEASE_SECONDS,
     )
+
+
+def wait(call: Call, task_id: str) -> Task:
+    """Wait for a terminal or input-required state, at most MAX_STATUS_WAIT (place held)."""
     client = slots.client_socket(getattr(call.request, "_request", call.request))
     try:
         return lifecycle.wait_for(
-            task_id, wait=timeout, settled=SETTLED, stop_check=lambda: slots.gone(client)
+            task_id,
+            wait=float(app_settings.MAX_STATUS_WAIT),
+            settled=SETTLED,
+            stop_check=lambda: slots.gone(client),
         )
     except TaskNotFound:
         raise TaskNotFoundError(f"Task not found: {task_id}") from None
-    finally:
-        held.release()
 
 
-def _metadata(req: pb.SendMessageRequest) -> dict:
-    meta = json_format.MessageToDict(req.metadata) if req.HasField("metadata") else {}
-    if req.message.HasField("metadata"):
-        meta = {**json_format.MessageToDict(req.message.metadata), **meta}
+def _metadata(req: SendRequest) -> dict:
+    """Check the message's metadata and the request's over it, as sent, as REST checks it."""
+    sent = [
+        ("message.metadata", req.message_json.get("metadata")),
+        ("metadata", req.params.get("metadata")),
+    ]
+    merged: dict = {}
     try:
-        return s.metadata(meta)
+        for path, value in sent:
+            if value is not None:
+                merged.update(s.metadata(value, path))
+        return s.metadata(merged)
     except api_errors.ApiError as exc:
         raise invalid(exc) from None
 
@@ -178,7 +213,7 @@ def _push_config(req: pb.SendMessageRequest):
     return config
 
 
-def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, Task | None]:
+def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None]:
     """A new task, under the agent's file policy and the REST limits; a refusal of the
     lifecycle (the active-task limit) is a REJECTED task."""
     text = mapping.input_text(incoming)
@@ -190,8 +225,8 @@ def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, T
         raise invalid(exc) from None
     agent = call.agent
     metadata = _metadata(req)
-    push_config = _push_config(req)
-    context_id = req.message.context_id
+    push_config = _push_config(req.proto)
+    context_id = req.proto.message.context_id
     if len(context_id) > 200 or "\x00" in context_id:
         raise InvalidParamsError("contextId must be at most 200 characters, without NUL")
 
@@ -218,7 +253,7 @@ def create(call: Call, req: pb.SendMessageRequest, incoming) -> tuple[pb.Task, T
             raise
         reason = exc.api_message() if hasattr(exc, "api_message") else str(exc)
         context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
-        return mapping.rejected(reason, context, req.message), None
+        return mapping.rejected(reason, context, req.proto.message), None
     except callbacks.CallbackURLError as exc:
         raise InvalidParamsError(str(exc)) from None
     return call.present(reload(task.id)), task
@@ -295,22 +330,6 @@ def get_task(call: Call, req: pb.GetTaskRequest) -> pb.Task:
     return call.present(task, length)
 
 
-def _token(task: Task) -> str:
-    raw = f"{task.created_at.isoformat()}|{task.id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode()
-
-
-def _after(token: str) -> Q:
-    try:
-        created, task_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
-        when = parse_datetime(created)
-    except (ValueError, UnicodeError):
-        when = None
-    if when is None:
-        raise InvalidParamsError("pageToken is not one this server gave")
-    return Q(created_at__lt=when) | Q(created_at=when, id__lt=task_id)
-
-
 def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
     """The caller's tasks of this agent, newest first, by pages (a page token is a cursor)."""
     size = req.page_size if req.HasField("page_size") else DEFAULT_LIST_TASKS_PAGE_SIZE
@@ -320,6 +339,10 @@ def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
     length = req.history_length if req.HasField("history_length") else 0
     if length < 0:
         raise InvalidParamsError("historyLength must not be negative")
+    length = min(length, MAX_LIST_HISTORY_LENGTH)
+    if "\x00" in req.context_id:
+        raise InvalidParamsError("contextId must not contain NUL")
+    order = TASKS_ORDER.of(call.agent.id)  # a token of another agent's list is refused
     rows = Task.objects.select_related("run").filter(
         owner_id=call.owner_id, agent=call.agent.id, conversation__deleting_at__isnull=True
     )
@@ -336,41 +359,47 @@ def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         )
     total = rows.count()
     if req.page_token:
-        rows = rows.filter(_after(req.page_token))
-    page = list(rows.order_by("-created_at", "-id")[: size + 1])
+        try:
+            rows = rows.filter(order.after(order.position(req.page_token)))
+        except api_errors.ApiError:
+            raise InvalidParamsError("pageToken is not one this server gave") from None
+    page = list(rows.order_by(*order.ordering)[: size + 1])
     more = len(page) > size
     page = page[:size]
     contexts = mapping.contexts_of(page)
+    histories = mapping.histories(page, contexts, call.mount_url, length)
     tasks = [
         mapping.task_message(
             t,
             contexts[t.id],
             base_url=call.mount_url,
-            history_length=length,
+            history=histories[t.id],
             with_artifacts=req.include_artifacts,
         )
         for t in page
     ]
     return pb.ListTasksResponse(
         tasks=tasks,
-        next_page_token=_token(page[-1]) if more else "",
+        next_page_token=order.cursor(page[-1]) if more else "",
         page_size=size,
         total_size=total,
     )
 
 
 def cancel_task(call: Call, req: pb.CancelTaskRequest) -> pb.Task:
-    """Cancel now; a task that has already ended (cancelled included) is not cancelable."""
+    """Cancel now. Only the cancel whose stop ended the task succeeds: a task that has ended,
+    cancelled by another cancel included (one running at the same time too), is not
+    cancelable."""
     task = find_task(call, req.id)
     if task.status in TERMINAL:
         raise TaskNotCancelableError(f"Task {task.id} is already {task.status}")
     try:
-        lifecycle.cancel(task.id)
+        cancelled = lifecycle.cancel(task.id, sole=True)
     except AlreadyFinal as exc:
         raise TaskNotCancelableError(f"Task {task.id} is already {exc.status}") from None
     except TaskNotFound:
         raise TaskNotFoundError(f"Task not found: {req.id}") from None
-    return call.present(reload(task.id))
+    return call.present(cancelled)
 
 
 # --- push notification configs ---------------------------------------------------------------
@@ -389,7 +418,9 @@ def create_push_config(
 
 def _config(call: Call, task_id: str, config_id: str) -> A2APushConfig:
     task = find_task(call, task_id)
-    row = A2APushConfig.objects.filter(task_id=task.id, config_id=config_id).first()
+    row = None
+    if "\x00" not in config_id:  # no config has one, and the database cannot compare it
+        row = A2APushConfig.objects.filter(task_id=task.id, config_id=config_id).first()
     if row is None:
         raise TaskNotFoundError(f"Push notification config not found: {config_id}")
     return row

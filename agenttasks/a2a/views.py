@@ -45,7 +45,7 @@ from ..api.throttling import ScopeThrottle
 from ..api.views import AppPolicies
 from ..conf import app_settings
 from ..exceptions import TaskError
-from . import card, service, stream
+from . import card, mapping, service, stream
 
 logger = logging.getLogger(__name__)
 
@@ -274,11 +274,26 @@ READS = {
 
 
 def parse(cls, params):
-    check_enums(cls, params or {})
+    """The params as a request of `cls`; a SendMessageRequest with its JSON (SendRequest)."""
+    params = params or {}
+    check_enums(cls, params)
     try:
-        return json_format.ParseDict(params or {}, cls(), ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, ValueError) as exc:
+        if cls is pb.SendMessageRequest:
+            return service.SendRequest(send_request(params), params)
+        return json_format.ParseDict(params, cls(), ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError, OverflowError) as exc:
         raise InvalidParamsError(str(exc)) from None
+
+
+def send_request(params: dict) -> pb.SendMessageRequest:
+    """Read a SendMessageRequest, without its JSON values if one overflows a double."""
+    try:
+        return json_format.ParseDict(params, pb.SendMessageRequest(), ignore_unknown_fields=True)
+    except OverflowError:
+        # In the metadata or a data part, which the service reads from the JSON as sent.
+        return json_format.ParseDict(
+            mapping.without_values(params), pb.SendMessageRequest(), ignore_unknown_fields=True
+        )
 
 
 def check_enums(cls, params) -> None:

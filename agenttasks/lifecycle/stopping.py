@@ -27,12 +27,17 @@ STOP_PASSES = 2
 
 def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
     """Stop a task: at most two passes, the second chasing one retry that replaced the first."""
+    return _stop(task_id, graceful)[0]
+
+
+def _stop(task_id: str, graceful: bool) -> tuple[TaskInfo, bool]:
+    """Stop a task; also say whether this call's write ended it (its compare-and-set won)."""
     for pass_no in range(1, STOP_PASSES + 1):
         task = read(task_id)
         if task.status in TERMINAL:
             if pass_no == 1:
                 raise AlreadyFinal(task.status, task_id=task.id, info=info(task))
-            return info(task)
+            return info(task), False
         if task.status == TaskStatus.WAITING_FOR_INPUT:
             won = store.finalize(
                 task.id,
@@ -47,7 +52,7 @@ def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
                 continue
             if outcome is StopOutcome.AFTER_TURN:
                 announce(task)
-                return info(task)
+                return info(task), False
             if outcome is StopOutcome.ALREADY_FINISHED and pass_no == 1:
                 _settle(task)
                 continue
@@ -58,24 +63,28 @@ def stop(task_id: str, *, graceful: bool = False) -> TaskInfo:
         if won:
             announce(won)
             _stop_children(won)
-            return info(read(task_id))
-    return info(read(task_id))
+            return info(read(task_id)), True
+    return info(read(task_id)), False
 
 
-def cancel(task_id: str, *, graceful: bool = False) -> Task:
+def cancel(task_id: str, *, graceful: bool = False, sole: bool = False) -> Task:
     """Cancel a task for a client; return it as the stop left it (graceful: still winding down).
 
     Cancelling a cancelled task changes nothing; a task that completed or failed, before or
-    during the stop, refuses with AlreadyFinal.
+    during the stop, refuses with AlreadyFinal. `sole` (A2A's CancelTask): a task another stop
+    cancelled, before or during this one, refuses too, so that of concurrent cancels only the
+    one whose write ended the task succeeds.
     """
     task = read(task_id)
+    ended_here = False
     if task.status in LIVE:
         try:
-            stop(task.id, graceful=graceful)
+            ended_here = _stop(task.id, graceful)[1]
         except AlreadyFinal:
             pass  # it ended meanwhile: judged below as it is now
         task = Task.objects.select_related("run").get(pk=task.id)
-    if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+    cancelled_elsewhere = task.status == TaskStatus.CANCELLED and not ended_here
+    if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED) or (sole and cancelled_elsewhere):
         raise AlreadyFinal(task.status, task_id=task.id, info=info(task))
     return task
 
