@@ -1,5 +1,6 @@
 # make run  — the demo on the embedded SQLite database (web server + django-q2 cluster)
-# make test — checks, lint, and the whole suite on SQLite and on PostgreSQL
+# make test — checks, lint, the docs site, and the whole suite on SQLite and on PostgreSQL
+# make docs — the docs site (docs/, mkdocs.yml) built into site/: open site/index.html
 
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
@@ -8,7 +9,7 @@ PORT      ?= 8000
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/agenttasks
 BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 
-.PHONY: install install-demo run test test-sqlite test-postgres lint typecheck fuzz bench clean
+.PHONY: install install-demo run test test-sqlite test-postgres lint typecheck docs fuzz bench clean
 
 # What the demo needs (the app, psycopg for DATABASE_URL=postgres://…, a2a-sdk for its A2A servers).
 $(VENV)/.demo: pyproject.toml
@@ -17,7 +18,7 @@ $(VENV)/.demo: pyproject.toml
 	$(PY) -m pip install -q -e ".[postgres,a2a]"
 	touch $@
 
-# The development tools too (pytest, ruff, playwright, schemathesis, uvicorn).
+# The development tools too (pytest, ruff, playwright, schemathesis, uvicorn, mkdocs).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -41,10 +42,16 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy agenttasks
 
+# The docs site: offline (the built-in theme without its CDN, search that works from disk);
+# --strict fails on a link between pages that does not resolve.
+docs: install
+	$(VENV)/bin/mkdocs build --strict
+
 test: install lint typecheck
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py spectacular --generator-class agenttasks.api.schema.Generator --validate --fail-on-warn --file /dev/null
+	$(VENV)/bin/mkdocs build --strict
 	$(MAKE) test-sqlite
 	$(MAKE) test-postgres
 
