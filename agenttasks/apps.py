@@ -36,8 +36,10 @@ class AgentTasksConfig(AppConfig):
         # reaper at start and then every REAP_INTERVAL.
         queue.on_worker_start(worker.start_pool)
         queue.on_worker_start(reaper.start_ticker)
-        # A SIGTERM to qcluster's process group could hang django-q2's stop: bound it.
+        # A SIGTERM to qcluster's process group could hang django-q2's stop: bound it. A worker
+        # killed holding its timer's lock could stop the guard for good: it waits no longer.
         queue.bound_cluster_stop(worker.shutdown_grace)
+        queue.guard_worker_timers()
 
         # A2A push notifications follow every task update (docs/a2a.md), with the `a2a` extra.
         from .a2a import available

@@ -58,6 +58,9 @@ class Hub:
         self._stop = threading.Event()
         self._channels: set[str] = set()  # the channels some waiter of this process needs
         self._handlers: dict[str, Callable[[str], None]] = {}  # channels whose payload is data
+        # Called each time the listener LISTENs to the channel (a new session may have missed
+        # what was sent while it had none).
+        self._on_listening: dict[str, Callable[[], None]] = {}
         self.listening: set[str] = set()  # the channels the listener has LISTENed to
         self._repeats: dict[tuple[str, str], tuple[float, float]] = {}  # -> (every, next at)
         self.enabled = True  # tests turn in-process wake-ups off to prove the polling path
@@ -84,10 +87,20 @@ class Hub:
         if listen:
             self._ensure_listening()
 
-    def listen_to(self, channel: str, handler: Callable[[str], None]) -> None:
-        """Hand every notification on `channel` to `handler(payload)` (PostgreSQL only)."""
+    def listen_to(
+        self,
+        channel: str,
+        handler: Callable[[str], None],
+        on_listening: Callable[[], None] | None = None,
+    ) -> None:
+        """Hand every notification on `channel` to `handler(payload)` (PostgreSQL only).
+
+        `on_listening()` runs whenever the listener starts listening there, in a new session too.
+        """
         with self._lock:
             self._handlers[channel] = handler
+            if on_listening is not None:
+                self._on_listening[channel] = on_listening
             self._channels.add(channel)
         self._ensure_listening()
 
@@ -163,9 +176,17 @@ class Hub:
                     with self._lock:  # a new session: say every repeated notification again
                         self._repeats = {k: (every, 0.0) for k, (every, _) in self._repeats.items()}
                     while not self._stop.is_set():
-                        for channel in self._channels - listening:
-                            conn.execute(f"LISTEN {channel}")
-                            listening.add(channel)
+                        new = self._channels - listening
+                        if new:
+                            # Every channel again, in one statement (LISTEN twice is harmless):
+                            # the session's last query then names all it listens to.
+                            channels = sorted(listening | new)
+                            conn.execute("; ".join(f"LISTEN {c}" for c in channels))
+                            listening.update(new)
+                            for channel in sorted(new):
+                                started = self._on_listening.get(channel)
+                                if started is not None:
+                                    started()
                         self._send_repeats(conn)
                         for note in conn.notifies(timeout=LISTEN_POLL):
                             handler = self._handlers.get(note.channel)

@@ -1,6 +1,12 @@
-"""Enqueue work on django-q2 after commit; the only module that imports django_q.
+"""Hand runs to worker processes, and enqueue work on django-q2 after commit; the only module
+that imports django_q.
 
-Jobs carry ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
+On PostgreSQL, while worker processes are alive, a new queued run needs no django-q2 job: its
+transaction notifies `agenttasks_runs` (delivered at commit), and every worker process listens
+there and claims runs while it has free slots (`worker.RunPool`), so django-q2's cost of a job
+(the pusher's dequeue, the worker's execution, the monitor's acknowledgement) is not paid per run
+(docs/architecture.md#handing-runs-to-workers). Otherwise, and for every other job, a job carries
+ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
 """
 
 import fcntl
@@ -11,15 +17,17 @@ import multiprocessing
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from django_q import cluster as django_q_cluster
 from django_q.brokers import Broker, get_broker
 from django_q.brokers.orm import ORM
 from django_q.cluster import Cluster
@@ -30,6 +38,9 @@ from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 from django_q.worker import rss_check
+
+from .conf import app_settings
+from .models import WorkerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -180,13 +191,59 @@ def enqueue_run(run_id: str) -> None:
     _backend.enqueue(EXECUTE_RUN, run_id)
 
 
-def launch_on_commit(run_id: str) -> None:
-    """Enqueue a run once the current transaction commits (at once outside one).
+RUNS_CHANNEL = "agenttasks_runs"
+_listening = (0.0, False)  # (monotonic time it was read, whether worker processes listen)
+_listening_lock = threading.Lock()
+LISTENING_TTL = 1.0  # seconds a web process trusts what it read
 
-    Outside a transaction an enqueue failure reaches the caller (a launch failure). Inside an
-    outer block the enqueue runs at that block's commit, after the run is durable: a failure
-    there is logged, and the reaper enqueues the queued run again after REQUEUE_AFTER.
+
+def workers_listen() -> bool:
+    """Whether worker processes listen for new runs: PostgreSQL, with one alive (read once a second).
+
+    A worker process is alive while its heartbeat rewrote its row within LEASE_TIMEOUT
+    (WorkerProcess); a stopping one removes its row before it stops claiming. A test's default
+    queue double (RecordingQueue) wants every run as a job, and gets it.
     """
+    global _listening
+    if not isinstance(_backend, DjangoQBackend) or connection.vendor != "postgresql":
+        return False
+    now = time.monotonic()
+    with _listening_lock:
+        read_at, value = _listening
+        if now - read_at < LISTENING_TTL:
+            return value
+    cutoff = timezone.now() - timedelta(seconds=app_settings.LEASE_TIMEOUT)
+    value = WorkerProcess.objects.filter(seen_at__gte=cutoff).exists()
+    with _listening_lock:
+        _listening = (now, value)
+    return value
+
+
+def forget_listeners() -> None:
+    """Read whether worker processes listen afresh at the next launch (tests, after a cluster)."""
+    global _listening
+    with _listening_lock:
+        _listening = (0.0, False)
+
+
+def notify_workers() -> None:
+    """Tell the listening worker processes a run is queued (at the current transaction's commit)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [RUNS_CHANNEL])
+
+
+def launch_on_commit(run_id: str) -> None:
+    """Hand a queued run to the workers once the current transaction commits (at once outside one).
+
+    Listening workers are notified in the transaction itself (PostgreSQL delivers at commit);
+    otherwise the run's job is enqueued. Outside a transaction an enqueue failure reaches the
+    caller (a launch failure). Inside an outer block the enqueue runs at that block's commit,
+    after the run is durable: a failure there is logged, and the reaper enqueues the queued run
+    again after REQUEUE_AFTER.
+    """
+    if workers_listen():
+        notify_workers()
+        return
     if not transaction.get_connection().in_atomic_block:
         enqueue_run(run_id)
         return
@@ -338,6 +395,54 @@ def guard_task_queue() -> None:
             return loads(data)
 
     task_queue.get = get
+
+
+LOCK_PATIENCE = 5.0  # seconds a worker's timer lock is waited for before going on without it
+
+
+class PatientLock:
+    """A lock shared across processes whose wait gives up after LOCK_PATIENCE seconds.
+
+    django-q2's guard reads each worker's timer under the timer's lock, and a worker holds that
+    lock while it hands a finished job's result over. A worker SIGKILLed then (the OOM killer,
+    an operator) keeps the lock forever, and the guard waited on it forever: no dead worker was
+    replaced again. With this lock the guard goes on after a while, finds the worker dead, and
+    replaces it. Nothing else takes a timer's lock for longer than an instant.
+    """
+
+    def __init__(self) -> None:
+        self._lock = multiprocessing.RLock()
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        if block and timeout is None:
+            timeout = LOCK_PATIENCE
+        if self._lock.acquire(block, timeout):
+            return True
+        if block:
+            logger.warning("queue.timer_lock_abandoned (its holder died holding it; going on)")
+        return False
+
+    def release(self) -> None:
+        try:
+            self._lock.release()
+        except (AssertionError, ValueError):
+            pass  # the wait gave up: this process never held it
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def patient_value(typecode: str, *args):
+    """A multiprocessing Value whose lock is a PatientLock (django-q2's workers' timers)."""
+    return multiprocessing.Value(typecode, *args, lock=PatientLock())  # type: ignore[call-overload]
+
+
+def guard_worker_timers() -> None:
+    """Give the workers django-q2 starts from now on timers a dead worker cannot lock forever."""
+    django_q_cluster.Value = patient_value
 
 
 def recycles_after(jobs: int) -> bool:

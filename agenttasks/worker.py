@@ -2,12 +2,14 @@
 
 A run mostly waits on its model, its tools or its children, so a worker process gives each
 claimed run a slot (a thread of its own) instead of its whole self (docs/architecture.md#in-flight-runs).
-The job queue.py enqueues for a run (`execute_run`) wakes this process's claimer and returns at
-once; the claimer claims queued runs, the job's first and then the oldest, several in one
-statement, while the process has free slots, and again whenever a slot frees while runs are
-still queued. So a backlog is drained by the processes that hold runs, not by one job per run,
-and the queued runs wait in the database. A second delivery of a run is harmless: the claim is
-a compare-and-set.
+On PostgreSQL the process listens on `agenttasks_runs`: a new queued run is a notification (no
+django-q2 job, `queue.launch_on_commit`), which wakes this process's claimer. Elsewhere, and
+while no worker process is alive, the job queue.py enqueues for a run (`execute_run`) wakes the
+claimer and returns at once. The claimer claims queued runs, a job's first and then the oldest,
+several in one statement, while the process has free slots, and again whenever a slot frees
+while runs are still queued. So a backlog is drained by the processes that hold runs, not by one
+job per run, and the queued runs wait in the database. A second delivery of a run is harmless:
+the claim is a compare-and-set.
 
 Outside a worker process (a test, django-q2's sync mode) `execute_run` claims its run and
 executes it in the calling thread.
@@ -26,6 +28,7 @@ from django.utils import timezone
 from . import deltas, queue, store
 from .conf import app_settings
 from .exceptions import RunNotFound
+from .listen import hub
 from .models import Run, WorkerProcess
 from .runtime.base import release_connection
 from .runtime.driver import HOST, beater, drive, reconnecting, worker_identity
@@ -94,7 +97,15 @@ class RunPool:
         beater().report(self.report)
         self._wanted.set()  # claim what queued up while no process had a free slot
 
-    # the jobs -------------------------------------------------------------------------------
+    # the jobs and the notifications ---------------------------------------------------------
+    def wake(self, payload: str = "") -> None:
+        """Claim queued runs while slots are free: a run was queued (`agenttasks_runs`)."""
+        with self._lock:
+            if self.retiring:
+                return
+            self.backlog = True
+        self._wanted.set()
+
     def offer(self, run_id: str) -> None:
         """Take the job of a run: claim it (and more) when a slot is free, else later."""
         with self._lock:
@@ -172,10 +183,15 @@ class RunPool:
 
     # reporting ------------------------------------------------------------------------------
     def report(self, leases: store.Leases) -> None:
-        """Record this process's slots and runs in flight (at each of the heartbeat's beats)."""
+        """Record this process's slots and runs in flight (at each of the heartbeat's beats).
+
+        The row also says that this process listens for new runs (`queue.workers_listen`), so a
+        retiring process no longer writes it.
+        """
         with self._lock:
-            busy = self.held
-        leases.report(self.identity, HOST, self.size, busy, self.started_at)
+            busy, retiring = self.held, self.retiring
+        if not retiring:
+            leases.report(self.identity, HOST, self.size, busy, self.started_at)
 
     # stopping -------------------------------------------------------------------------------
     def retire(self, grace: float | None) -> int:
@@ -187,6 +203,7 @@ class RunPool:
         with self._lock:
             self.retiring = True
             handed_back, self.first = self.first, []
+        self._unregister()  # new runs get jobs again, or wait for another process
         for run_id in handed_back:
             try:
                 queue.enqueue_run(run_id)
@@ -200,11 +217,16 @@ class RunPool:
                     break
                 self._lock.wait(left)
             left_over = self.held
+        self._unregister()  # a beat may have written the row meanwhile
+        return left_over
+
+    def _unregister(self) -> None:
         try:
             WorkerProcess.objects.filter(pk=self.identity).delete()
         except Exception:
             logger.warning("worker.unregister_failed", exc_info=True)
-        return left_over
+        finally:
+            release_connection()
 
     def count_job(self, **kwargs) -> None:
         """Count a django-q2 job started here (connected to its pre_execute signal)."""
@@ -233,6 +255,9 @@ def start_pool(**kwargs) -> None:
     _pool = pool = RunPool(slots_per_process())
     if connection.vendor == "postgresql":
         deltas.watch_followers()
+        # New runs come as notifications (no job each); on every (re)connection the process
+        # claims what was queued while it was not listening.
+        hub.listen_to(queue.RUNS_CHANNEL, pool.wake, on_listening=pool.wake)
     queue.guard_task_queue()
     queue.on_job_start(pool.count_job)
     queue.on_job_end(pool.job_ended)

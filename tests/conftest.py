@@ -224,6 +224,8 @@ def start_cluster(transactional_db, real_queue):
     yield start
     for cluster in started:
         cluster.kill()  # a graceful django-q2 shutdown takes seconds; the test is over anyway
+    queue.forget_listeners()  # its worker processes listened for runs; none do any more
+    for cluster in started:
         # Shown when the test failed: what the cluster said, without django-q2's job chatter.
         chatter = ("Enqueued", "processing", "Processed", "Callback delivered")
         lines = [line for line in cluster.lines if not any(c in line for c in chatter)]

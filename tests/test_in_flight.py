@@ -17,6 +17,7 @@ import pytest
 from django.db import connection, models
 from django.test.utils import override_settings
 from django.utils import timezone
+from django_q.models import OrmQ
 
 from agenttasks import deltas, health, lifecycle, metrics, queue, store, worker
 from agenttasks.models import Event, PendingAction, ReaperPass, Run, Task, WorkerProcess
@@ -144,14 +145,69 @@ def _listening(cluster, channel: str) -> bool:
     """Whether one of the cluster's sessions last said LISTEN `channel`."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query = %s",
-            [cluster.application_name, f"LISTEN {channel}"],
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+            [cluster.application_name, f"%LISTEN {channel}%"],
         )
         return cursor.fetchone()[0] > 0
 
 
 def _asked_by(request, tasks) -> bool:
     return request.first_user in {t.input for t in tasks}
+
+
+# --- runs handed to listening workers, without a job each ----------------------------------------
+
+
+def workers_alive() -> bool:
+    queue.forget_listeners()
+    return queue.workers_listen()
+
+
+@pytest.mark.postgres
+def test_while_workers_listen_a_new_run_is_a_notification_not_a_job(start_cluster, user):
+    """django-q2's cost of a job is not paid per run: the create notifies agenttasks_runs."""
+    start_cluster(workers=2, **FAST_LEASES, MAX_ACTIVE_TASKS_PER_USER=0)
+    wait_for(workers_alive, timeout=20, message="the workers' heartbeats")
+    with override_settings(AGENTTASKS={"MAX_ACTIVE_TASKS_PER_USER": 0}):
+        tasks = [lifecycle.create(owner=user, agent_id="echo", input=f"hi {i}") for i in range(50)]
+        retried = lifecycle.create(owner=user, agent_id="boom", input="fails")
+    assert OrmQ.objects.count() == 0  # no job was written, with the task or after it
+    wait_for(lambda: settled([*tasks, retried]), timeout=30, message="every task ends")
+    assert Task.objects.filter(pk__in=[t.id for t in tasks], status="completed").count() == 50
+    lifecycle.retry(retried.id)  # a launch after the create: a notification too
+    wait_for(lambda: Task.objects.get(pk=retried.id).attempt == 2 and settled([retried]))
+    assert OrmQ.objects.count() == 0
+
+
+@pytest.mark.postgres
+def test_a_worker_whose_listener_reconnects_claims_what_was_queued_meanwhile(start_cluster, user):
+    cluster = start_cluster(workers=1, **FAST_LEASES, MAX_ACTIVE_TASKS_PER_USER=0)
+    wait_for(workers_alive, timeout=20, message="the worker's heartbeat")
+    wait_for(lambda: _listening(cluster, queue.RUNS_CHANNEL), message="the worker listening")
+    with connection.cursor() as cursor:  # the listener's session dies (a network blip, say)
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = %s AND query LIKE %s",
+            [cluster.application_name, f"%LISTEN {queue.RUNS_CHANNEL}%"],
+        )
+    task = lifecycle.create(owner=user, agent_id="echo", input="while it was deaf")
+    assert OrmQ.objects.count() == 0
+    wait_for(lambda: settled([task]), timeout=20, message="the run claimed after the reconnect")
+
+
+@pytest.mark.postgres
+def test_with_no_worker_alive_a_new_run_gets_its_job(start_cluster, user):
+    values = {**FAST_LEASES, "SHUTDOWN_GRACE": 1, "MAX_ACTIVE_TASKS_PER_USER": 0}
+    cluster = start_cluster(workers=1, **values)
+    wait_for(workers_alive, timeout=20, message="the worker's heartbeat")
+    cluster.process.send_signal(signal.SIGTERM)  # a graceful stop removes its row first
+    cluster.process.wait(20)
+    assert not workers_alive()
+    with override_settings(AGENTTASKS=values):
+        task = lifecycle.create(owner=user, agent_id="echo", input="nobody listens")
+    assert OrmQ.objects.count() == 1  # the job waits for the next cluster
+    start_cluster(workers=1, **values)
+    wait_for(lambda: settled([task]), timeout=20, message="the next cluster runs it")
 
 
 # --- leases, SIGKILL, graceful stops, recycling, django-q2's timeout ------------------------------
@@ -498,7 +554,7 @@ def test_a_worker_killed_while_it_waits_for_a_job_does_not_stop_the_cluster(star
     for round_ in range(3):  # every worker waits for a job: kill one, then another
         (pid, *_) = cluster.worker_pids()
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda p=pid: pid_gone(p), message="the worker gone")
+        wait_for(lambda p=pid: pid_gone(p), timeout=20, message="the worker gone")
         task = lifecycle.create(owner=user, agent_id="echo", input=f"after kill {round_}")
         wait_for(lambda t=task: settled([t]), timeout=20, message="a task after the kill")
         assert Task.objects.get(pk=task.id).status == "completed"

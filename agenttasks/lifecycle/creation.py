@@ -63,14 +63,16 @@ def create(
         files=[u.ref() for u in uploads],
         run_id=run_id,
     )
-    # The first run's job commits with the task when the broker is this database.
-    job = queue.job_row(run_id)
+    # Listening workers are told in the creating transaction; else the first run's job commits
+    # with the task when the broker is this database.
+    notify = queue.workers_listen()
+    job = None if notify else queue.job_row(run_id)
     limit = app_settings.MAX_ACTIVE_TASKS_PER_USER
     if not uploads and before_commit is None:
-        task = store.create_task(new, owner_limit=limit, job=job)
+        task = store.create_task(new, owner_limit=limit, job=job, notify=notify)
     else:
         with files.kept_only_on_success() as written, transaction.atomic():
-            task = store.create_task(new, owner_limit=limit, job=job)
+            task = store.create_task(new, owner_limit=limit, job=job, notify=notify)
             if uploads:
                 files.save(
                     uploads,
@@ -82,7 +84,7 @@ def create(
                 )
             if before_commit is not None:
                 before_commit(task)
-    if job is None:
+    if job is None and not notify:
         launch_durable(run_id)
     announce(task)
     return task
@@ -131,19 +133,21 @@ def spawn(
         tool_call_id=tool_call_id,
         run_id=run_id,
     )
-    job = queue.job_row(run_id)
+    notify = queue.workers_listen()
+    job = None if notify else queue.job_row(run_id)
     try:
         task = store.create_task(
             new,
             parent_cap=app_settings.MAX_CONCURRENT_PER_PARENT,
             owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
             job=job,
+            notify=notify,
         )
     except (TaskLimit, ActiveTaskLimit, ConversationNotFound):
         raise
     except DatabaseError as exc:
         raise SpawnError.creating_task(exc) from exc
-    if job is None:
+    if job is None and not notify:
         try:
             launch(run_id)
         except Exception as exc:

@@ -102,9 +102,11 @@ class _Beater(threading.Thread):
         self._beat_at = 0.0  # when the next beat is due (monotonic)
 
     def report(self, reporter) -> None:
-        """Call `reporter(leases)` at every beat (the worker process's slots)."""
+        """Call `reporter(leases)` at every beat (the worker process's slots), the first now."""
         with self._lock:
             self._reporters.append(reporter)
+            self._beat_at = 0.0  # a new process says at once that it is there to take runs
+        self.wake.set()
 
     def track(self, heartbeat: Heartbeat) -> None:
         mark = heartbeat.mark = _Mark(self, heartbeat.run_id)

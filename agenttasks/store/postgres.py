@@ -133,13 +133,15 @@ def create(
     owner_limit: int,
     parent_cap: int,
     job: dict[str, Any] | None,
+    notify: bool = False,
 ) -> str:
-    """Insert a task with its conversation, first run, events and job; return the verdict.
+    """Insert a task with its conversation, first run, events and job (or, with `notify`, tell
+    the listening workers); return the verdict.
 
     'created', or why not: 'owner_limit', 'parent_gone' or 'parent_cap'.
     """
     verdict: str = _call(
-        "agenttasks_create_task",
+        "agenttasks_create_task_v2",
         JSON(row(conversation)),
         JSON(row(run)),
         JSON(row(task)),
@@ -147,6 +149,7 @@ def create(
         owner_limit,
         parent_cap,
         JSON(job),
+        notify,
     )
     return verdict
 

@@ -82,20 +82,22 @@ def create_task(
     parent_cap: int | None = None,
     owner_limit: int = 0,
     job: dict[str, Any] | None = None,
+    notify: bool = False,
 ) -> Task:
     """Create a task with its conversation, first run and first events.
 
     Refused (nothing written) past the user's active-task limit `owner_limit` (ActiveTaskLimit),
     on a parent conversation that is gone or being deleted (ConversationNotFound), or past the
     parent's `parent_cap` live tasks (TaskLimit). `job` is the broker row of the first run's job
-    (`queue.job_row`), written in the same transaction.
+    (`queue.job_row`), written in the same transaction; `notify` tells the listening worker
+    processes instead (`queue.workers_listen`), in the same transaction too.
     """
     if new.task_id is not None and not new.task_id:
         raise TaskError("tasks: Create requires an ID")
     now = timezone.now()
     conversation, run, task = _new_rows(new, now)
     try:
-        _insert(new, conversation, run, task, parent_cap, owner_limit, job)
+        _insert(new, conversation, run, task, parent_cap, owner_limit, job, notify)
     except IntegrityError as exc:
         if new.task_id and _names_task_id(exc):
             raise TaskError(f"tasks: duplicate task id {new.task_id}") from None
@@ -116,6 +118,7 @@ def _insert(
     parent_cap: int | None,
     owner_limit: int,
     job: dict[str, Any] | None,
+    notify: bool,
 ) -> None:
     parent_id = new.parent_conversation_id
     if postgres.enabled():
@@ -136,6 +139,7 @@ def _insert(
             owner_limit=owner_limit,
             parent_cap=parent_cap or 0,
             job=job,
+            notify=notify,
         )
         _refuse(verdict, owner_limit, parent_cap)
         return
@@ -156,6 +160,8 @@ def _insert(
         log.flush()
         if job is not None:
             queue.insert_job(job)
+        if notify:
+            queue.notify_workers()
 
 
 def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
