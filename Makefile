@@ -11,18 +11,19 @@ BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 
 .PHONY: install install-demo run test test-sqlite test-postgres lint typecheck docs fuzz bench clean
 
-# What the demo needs (the app, psycopg for DATABASE_URL=postgres://…, a2a-sdk for its A2A servers).
+# What the demo needs (the app, psycopg for DATABASE_URL=postgres://…, a2a-sdk for its A2A servers,
+# mcp-types for its MCP endpoint).
 $(VENV)/.demo: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[postgres,a2a]"
+	$(PY) -m pip install -q -e ".[postgres,a2a,mcp]"
 	touch $@
 
 # The development tools too (pytest, ruff, playwright, schemathesis, uvicorn, mkdocs).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[postgres,redis,a2a]" --group dev
+	$(PY) -m pip install -q -e ".[postgres,redis,a2a,mcp]" --group dev
 	touch $@ $(VENV)/.demo
 
 install-demo: $(VENV)/.demo

@@ -36,6 +36,9 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "DEFAULT_TIMEOUT": 600,
     "SHUTDOWN_GRACE": 30,
     "MAX_PUSH_CONFIGS_PER_TASK": 10,
+    # Seconds an MCP agent tool call waits for its task before it answers with the task id
+    # (docs/mcp.md): below the 60-second request timeout common MCP hosts use.
+    "MCP_CALL_TIMEOUT": 45,
 }
 
 DEFAULTS: dict[str, Any] = {

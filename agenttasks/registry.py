@@ -48,6 +48,7 @@ class AgentDef:
     model_params: dict = field(default_factory=dict)
     expose: bool = True
     a2a: bool = True  # served over the Agent2Agent protocol (docs/a2a.md); False opts out
+    mcp: bool = True  # a tool of the MCP server (docs/mcp.md); False opts out
     metadata: dict = field(default_factory=dict)
     stream: bool = True  # chat: ask for a streamed completion (message.delta to live readers)
     timeout_seconds: float | None = None
@@ -217,6 +218,7 @@ def build(agent_id: str, **fields) -> AgentDef:
         model_params=model_params,
         expose=fields.get("expose", True),
         a2a=bool(fields.get("a2a", True)),
+        mcp=bool(fields.get("mcp", True)),
         metadata=dict(fields.get("metadata") or {}),
         stream=stream,
         timeout_seconds=_check_timeout(agent_id, fields.get("timeout_seconds")),

@@ -4,6 +4,10 @@ The debt itself is written by the store, in the transaction of the ending that o
 module settles it: `consume` when the model pulled a result in-turn, `deliver_pending` when a
 wake-up turn carries every owed result of a conversation to its agent. Settling never touches the
 task row.
+
+A conversation with no agent behind it (`agent == ""`: an MCP client's, docs/mcp.md) is never
+woken, since no run could carry the results: its debt stays pending until its owner pulls it
+(`owed`, then `lifecycle.take_owed` settles each as consumed).
 """
 
 import logging
@@ -112,6 +116,16 @@ def deliver_pending(conversation_id: str) -> Run | None:
     return run
 
 
+def has_agent(conversation: Conversation) -> bool:
+    """Whether an agent of ours is behind the conversation (a wake-up run could carry its debt)."""
+    return bool(conversation.agent)
+
+
+def owed(conversation_id: str) -> list[Wakeup]:
+    """Every pending wake-up owed to a conversation, oldest first."""
+    return _owed(conversation_id)
+
+
 def _owed(conversation_id: str) -> list[Wakeup]:
     return list(
         Wakeup.objects.filter(conversation_id=conversation_id, state=WakeupState.PENDING).order_by(
@@ -130,6 +144,8 @@ def _guard(conversation: Conversation) -> bool:
 
 def _wake_conversation(conversation_id: str) -> Run | None:
     conversation = store.lock_conversation(conversation_id)
+    if not has_agent(conversation):
+        return None  # its owner pulls what it is owed: no run starts here
     if not _guard(conversation):
         return None
     owed = _owed(conversation_id)

@@ -15,7 +15,6 @@ from agenttasks.listen import hub
 from agenttasks.models import Conversation, Task
 
 from . import test_admin_browser as chrome
-from .cluster import ROOT
 from .conftest import wait_for
 from .fake_model import FakeModel, Reply, stream_answer
 from .test_admin_browser import ARTIFACTS, CHROMIUM
@@ -31,7 +30,9 @@ pytestmark = [
 ]
 
 PASSWORD = "ops-password"
-SCREENSHOT = ROOT / "docs" / "playground-conversation.png"
+# The same view as docs/playground-conversation.png (the README's screenshot, committed from it);
+# a test run must not rewrite a tracked file.
+SCREENSHOT = ARTIFACTS / "playground-conversation.png"
 
 
 @pytest.fixture
@@ -176,6 +177,7 @@ def test_a_conversation_with_lead_shows_its_background_task_and_the_wake_up(
     assert page.locator("#task-meta").inner_text().endswith(conversation.id)
     assert child.parent_conversation_id == conversation.id
     page.set_viewport_size({"width": 1280, "height": 720})
+    ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOT)
     assert SCREENSHOT.stat().st_size < 300_000
 

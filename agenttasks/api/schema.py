@@ -30,6 +30,7 @@ from rest_framework.response import Response
 from .. import __version__, registry
 from ..a2a import available as a2a_available
 from ..conf import app_settings
+from ..mcp import available as mcp_available
 from . import errors
 from .permissions import user_of
 from .serializers import AgentSerializer
@@ -228,6 +229,9 @@ class IndexSerializer(serializers.Serializer):
     a2a = A2AIndexSerializer(
         required=False, help_text="Every exposed agent as an A2A server (with the a2a extra)."
     )
+    mcp = serializers.CharField(
+        required=False, help_text="The MCP endpoint (Streamable HTTP; with the mcp extra)."
+    )
     endpoints = EndpointSerializer(many=True)
     agents = AgentSerializer(
         many=True, required=False, help_text="When the caller may list agents."
@@ -262,6 +266,8 @@ class IndexView(ApiView):
                 "jsonRpc": agent,
                 "httpJson": agent + "/rest",
             }
+        if mcp_available():
+            out["mcp"] = prefix + "/mcp"
         out["endpoints"] = [
             {"method": method.upper(), "path": prefix + path, "summary": operation["summary"]}
             for path, operations in document()["paths"].items()

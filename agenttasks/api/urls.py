@@ -12,6 +12,7 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
 from ..a2a import available as a2a_available
+from ..mcp import available as mcp_available
 from . import errors, ops, schema, views
 
 ROUTES = [
@@ -68,6 +69,10 @@ if a2a_available():  # the A2A servers (docs/a2a.md), with the `a2a` extra insta
     from ..a2a.urls import urlpatterns as a2a_patterns
 
     urlpatterns += a2a_patterns
+if mcp_available():  # the MCP endpoint (docs/mcp.md), with the `mcp` extra installed
+    from ..mcp.urls import urlpatterns as mcp_patterns
+
+    urlpatterns += mcp_patterns
 urlpatterns.append(re_path(r"^", route_not_found, name="route-not-found"))
 
 schema_patterns = [

@@ -11,7 +11,8 @@ contract; this package is the Python API, one module per concern:
 - `answering`: comments, messages, answers to actions, their refusals, lapsed actions
 - `endings`: a run's ending (pause, continue, finalize), model_has_result
 - `recovery`: the reaper's pass, deleting trees
-- `conversations`: conversations without a task, progress from site code
+- `conversations`: conversations without a task (a host's, with no agent behind it, too),
+  progress from site code
 - `effects`: the announcer and launching; `base`: the Python view of a task
 """
 
@@ -27,10 +28,16 @@ from .answering import (
     waiting_on,
 )
 from .base import agent_name, conversation_id_of, info, progress_line
-from .conversations import create_conversation, post_message, record_progress, update_conversation
+from .conversations import (
+    create_conversation,
+    host_conversation,
+    post_message,
+    record_progress,
+    update_conversation,
+)
 from .creation import create, spawn
 from .effects import announce, resume_if_settled
-from .endings import model_has_result, on_run_finished
+from .endings import model_has_result, on_run_finished, take_owed
 from .reading import list_tasks, meta_for, status, wait_for
 from .recovery import delete_conversation, delete_owned_by, recover
 from .retries import retry, retry_refusal, retry_task
@@ -55,6 +62,7 @@ __all__ = [
     "delete_conversation",
     "delete_owned_by",
     "expire_actions",
+    "host_conversation",
     "info",
     "list_tasks",
     "message_refusal",
@@ -74,6 +82,7 @@ __all__ = [
     "status",
     "stop",
     "stop_tree",
+    "take_owed",
     "update_conversation",
     "wait_for",
     "waiting_on",

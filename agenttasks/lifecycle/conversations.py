@@ -37,6 +37,28 @@ def create_conversation(
     return store.create_conversation(owner=owner, agent=agent_id, title=title, metadata=metadata)
 
 
+def host_conversation(
+    conversation_id: str,
+    *,
+    owner: Owner,
+    title: str = "",
+    metadata: dict[str, Any] | None = None,
+) -> Conversation:
+    """Return the conversation with no agent behind it that a host's tasks belong to, creating it.
+
+    An MCP client's (docs/mcp.md): hidden, `agent` "", never woken (its owner pulls what its
+    tasks' endings owe it: `take_owed`), and no message starts a run there. Another owner's
+    conversation, or one being deleted, is ConversationNotFound.
+    """
+    conversation = store.host_conversation(
+        conversation_id, owner=owner, title=title, metadata=metadata
+    )
+    owner_id = owner.pk if owner is not None else None
+    if conversation.agent or conversation.owner_id != owner_id or conversation.deleting_at:
+        raise ConversationNotFound()
+    return conversation
+
+
 def update_conversation(conversation_id: str, **changes: Any) -> Conversation:
     """Change a conversation's `title` and/or client `metadata` (see store.update_conversation)."""
     return store.update_conversation(conversation_id, **changes)

@@ -100,8 +100,12 @@ def spawn(
     state: Any = None,
     tool_call_id: str = "",
     parent_run: Run | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> TaskInfo:
-    """Start a background task from a model's conversation; returns at once."""
+    """Start a background task from a model's conversation; returns at once.
+
+    `metadata` is the task's, as REST's create takes it (an MCP client's agent call passes it).
+    """
     if parent is None:
         raise SpawnError.no_parent()
     meta = meta_for(parent)
@@ -131,6 +135,7 @@ def spawn(
         depth=depth,
         parent_run_id=parent_run.pk if parent_run is not None else None,
         tool_call_id=tool_call_id,
+        metadata=metadata or {},
         run_id=run_id,
     )
     notify = queue.workers_listen()

@@ -10,7 +10,7 @@ from ..exceptions import SpawnError, TaskNotFound
 from ..models import Run, Task
 from ..states import TERMINAL, OutcomeStatus, RunStatus, StopRequest, TaskStatus
 from ..types import ConversationRef, Ending, RunOutcome, TaskInfo, usage_shape
-from .base import check_agent, conversation_id_of, read
+from .base import check_agent, conversation_id_of, info, read
 from .effects import announce, launch, own_run_boundary, resume_if_settled
 from .reading import meta_for
 
@@ -248,3 +248,24 @@ def model_has_result(task_info: TaskInfo | None) -> None:
         return
     if wakeups.consume(task.id, task_info.run_id):
         signals.result_delivered.send(sender=Task, snapshot=task)
+
+
+def take_owed(conversation: ConversationRef) -> str:
+    """Hand a conversation with no agent behind it what its tasks' endings owe it.
+
+    Returns the notification text of every pending wake-up ("" when none) and settles each as
+    the model's own pull (`model_has_result`: consumed, bound to its run and attempt). A
+    conversation with an agent is woken instead (docs/lifecycle.md#wake-up-debt-and-notifications).
+    """
+    items = wakeups.owed(conversation_id_of(conversation))
+    if not items:
+        return ""
+    text = wakeups.format_notification(items)
+    for item in items:
+        try:
+            task = read(item.task_id)
+        except TaskNotFound:
+            continue
+        if task.run_id == item.run_id:
+            model_has_result(info(task))
+    return text

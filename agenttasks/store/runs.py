@@ -5,7 +5,7 @@ A run without a task is guarded by its conversation's row, locked before the run
 
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .. import ids
@@ -36,6 +36,31 @@ def create_conversation(
     return Conversation.objects.create(
         owner=owner, agent=agent, title=title or "", metadata=metadata or {}
     )
+
+
+def host_conversation(
+    conversation_id: str, *, owner: Any, title: str = "", metadata: dict[str, Any] | None = None
+) -> Conversation:
+    """Return the conversation with no agent behind it named `conversation_id`, creating it.
+
+    It is hidden (no listing shows it) and its `agent` is "" (docs/lifecycle.md#wake-up-debt-and-notifications).
+    Two creators of one id race on the primary key: the loser reads the winner's row.
+    """
+    found = Conversation.objects.filter(pk=conversation_id).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            return Conversation.objects.create(
+                id=conversation_id,
+                owner=owner,
+                agent="",
+                title=title or "",
+                metadata=metadata or {},
+                hidden=True,
+            )
+    except IntegrityError:
+        return Conversation.objects.get(pk=conversation_id)
 
 
 @retried

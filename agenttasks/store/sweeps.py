@@ -146,9 +146,14 @@ def requeue_stale(queued_jobs: set[str] | None) -> list[str]:
 
 
 def conversations_owed() -> list[str]:
-    """Conversations that have pending wake-ups."""
+    """Conversations that have pending wake-ups and an agent to wake.
+
+    A conversation with no agent behind it (an MCP client's) is never woken: its owner pulls
+    what it is owed (docs/lifecycle.md#wake-up-debt-and-notifications).
+    """
     return list(
         Wakeup.objects.filter(state=WakeupState.PENDING)
+        .exclude(conversation__agent="")
         .values_list("conversation_id", flat=True)
         .distinct()[:1000]
     )

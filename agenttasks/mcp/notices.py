@@ -1,0 +1,117 @@
+"""The wake-up a 2025-11-25 session is owed, sent as a notification while the session listens.
+
+The client's conversation has no agent behind it: when one of its tasks completes or fails, the
+result it is owed (a pending wake-up) starts no run (docs/lifecycle.md#wake-up-debt-and-notifications).
+A session that keeps its standalone stream open (GET on the endpoint; the stdio pipe) is told
+at once, with the notification our own models would read, as a `notifications/message` (level
+`notice`, logger `agenttasks`, data `{"text", "taskIds"}`). A notification may be lost, so it
+settles nothing: the next `task_status` without a task_id hands the same results over and
+settles them as the model's own pull.
+"""
+
+import logging
+import time
+
+from .. import wakeups
+from ..api import slots
+from ..api.streams import DELETED_CHECK
+from ..models import Conversation, Event
+from ..runtime.base import release_connection
+from ..states import TaskStatus
+from . import protocol
+
+logger = logging.getLogger(__name__)
+
+BATCH = 200
+ENDINGS = {TaskStatus.COMPLETED, TaskStatus.FAILED}  # the endings that owe a wake-up
+
+
+def message(items) -> dict:
+    """The notifications/message telling a client what its tasks' endings owe it."""
+    data = {"text": wakeups.format_notification(items), "taskIds": [w.task_id for w in items]}
+    params = {"level": "notice", "logger": "agenttasks", "data": data}
+    return protocol.notification("notifications/message", params)
+
+
+class NoticeFollower:
+    """Follow a session's conversation; send each owed result once (an api.streams Follower)."""
+
+    def __init__(self, session, frame, held=None, client_fd=None):
+        self.session = session
+        self.conversation_id = session.conversation_id
+        self.frame = frame
+        self.held = held or slots.Held(None, "", 0)
+        self.client_fd = client_fd
+        self.done = False
+        self.last = 0
+        self.sent: set[tuple[str, str]] = set()  # (task id, run id) of the wake-ups told
+        self._renewed = self._client_checked = self._checked = time.monotonic()
+
+    def attach(self, woken) -> None:
+        """Nothing transient to receive."""
+
+    def pending(self) -> str:
+        return ""
+
+    def opening(self) -> list[str]:
+        """What is owed now (a stream that reconnects is told again), then what comes."""
+        self.last = (
+            Conversation.objects.filter(pk=self.conversation_id)
+            .values_list("last_seq", flat=True)
+            .first()
+            or 0
+        )
+        return [self._owed()]
+
+    def poll(self) -> str:
+        try:
+            events = list(
+                Event.objects.filter(
+                    conversation_id=self.conversation_id, seq__gt=self.last, type="task.status"
+                ).order_by("seq")[:BATCH]
+            )
+            if events:
+                self.last = events[-1].seq
+            if any((e.data or {}).get("to") in ENDINGS for e in events):
+                return self._owed()
+            now = time.monotonic()
+            if now - self._checked >= DELETED_CHECK:
+                self._checked = now
+                gone = Conversation.objects.filter(
+                    pk=self.conversation_id, deleting_at__isnull=False
+                ).exists()
+                self.done = self.done or gone
+            return ""
+        finally:
+            release_connection()
+
+    def _owed(self) -> str:
+        items = [
+            w for w in wakeups.owed(self.conversation_id) if (w.task_id, w.run_id) not in self.sent
+        ]
+        if not items:
+            return ""
+        self.sent.update((w.task_id, w.run_id) for w in items)
+        return self.frame(message(items))
+
+    def client_gone(self) -> bool:
+        now = time.monotonic()
+        if now - self._client_checked < 1.0:
+            return False
+        self._client_checked = now
+        return slots.gone(self.client_fd)
+
+    def place_due(self) -> bool:
+        return time.monotonic() - self._renewed >= self.held.seconds / 3
+
+    def keep_place(self) -> None:
+        self._renewed = time.monotonic()
+        if not self.held.renew():
+            self.done = True
+
+    def failed(self, exc: Exception) -> str:
+        logger.error("mcp.notices_failed conversation=%s", self.conversation_id, exc_info=exc)
+        return ""
+
+    def release(self) -> None:
+        self.held.release()
