@@ -173,7 +173,8 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
             return None  # this ending's callback was already sent (a job delivered twice)
     # A delete always wins: a task whose tree is being deleted (or is gone) is owed nothing.
     task = (
-        Task.objects.filter(pk=task_id, conversation__deleting_at__isnull=True)
+        Task.objects.visible()
+        .filter(pk=task_id)
         .only("id", "callback_url", "error", "conversation_id")
         .first()
     )

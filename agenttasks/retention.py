@@ -170,14 +170,11 @@ def _old_roots(cutoff: datetime) -> Iterable[list[str]]:
     A tree whose root is a task's conversation is as old as that task's ending (`finished_at`);
     any other root (a chat conversation) as its last activity (`updated_at`).
     """
-    finished = Task.objects.filter(
-        status__in=TERMINAL,
-        finished_at__lt=cutoff,
-        conversation__parent__isnull=True,
-        conversation__deleting_at__isnull=True,
+    finished = Task.objects.visible().filter(
+        status__in=TERMINAL, finished_at__lt=cutoff, conversation__parent__isnull=True
     )
-    idle = Conversation.objects.filter(
-        parent__isnull=True, deleting_at__isnull=True, updated_at__lt=cutoff, task__isnull=True
+    idle = Conversation.objects.visible().filter(
+        parent__isnull=True, updated_at__lt=cutoff, task__isnull=True
     )
     for queryset, column in ((finished, "conversation_id"), (idle, "pk")):
         after = ""
@@ -233,9 +230,7 @@ def _busy(ids: list[str]) -> set[str]:
     busy: set[str] = set()
     for chunk in _chunks(ids):
         busy.update(
-            Conversation.objects.filter(pk__in=chunk, deleting_at__isnull=False).values_list(
-                "pk", flat=True
-            )
+            Conversation.objects.being_deleted().filter(pk__in=chunk).values_list("pk", flat=True)
         )
         busy.update(
             Run.objects.filter(conversation_id__in=chunk, status__in=RUN_ACTIVE).values_list(
@@ -265,7 +260,7 @@ def _mark(trees: dict[str, list[str]]) -> dict[str, list[str]]:
     now = timezone.now()
     ids = [c for tree in trees.values() for c in tree]
     for chunk in _chunks(ids):
-        Conversation.objects.filter(pk__in=chunk, deleting_at__isnull=True).update(deleting_at=now)
+        Conversation.objects.visible().filter(pk__in=chunk).update(deleting_at=now)
     # Work that started between the check and the mark: leave that tree alone.
     marked: set[str] = set()
     for chunk in _chunks(ids):

@@ -168,12 +168,9 @@ def reached(task: Task, context_id: str, length: int | None) -> list[tuple[str, 
     # Each task has at least its input as a message: `length` messages reach no further back.
     earlier = Q(created_at__lt=task.created_at) | Q(created_at=task.created_at, id__lt=task.id)
     rows = (
-        Task.objects.filter(
-            earlier,
-            a2a_context__context_id=context_id,
-            owner_id=task.owner_id,
-            conversation__deleting_at__isnull=True,
-        )
+        Task.objects.visible()
+        .owned_by(task.owner_id)
+        .filter(earlier, a2a_context__context_id=context_id)
         .order_by("-created_at", "-id")
         .values_list("conversation_id", "id")
     )

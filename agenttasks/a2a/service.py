@@ -83,7 +83,8 @@ def find_task(call: Call, task_id: str) -> Task:
     if task_id and "\x00" not in task_id:
         task = (
             Task.objects.select_related("run")
-            .filter(pk=task_id, agent=call.agent.id, conversation__deleting_at__isnull=True)
+            .visible()
+            .filter(pk=task_id, agent=call.agent.id)
             .first()
         )
     if task is None or task.owner_id != call.owner_id:
@@ -343,8 +344,11 @@ def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
     if "\x00" in req.context_id:
         raise InvalidParamsError("contextId must not contain NUL")
     order = TASKS_ORDER.of(call.agent.id)  # a token of another agent's list is refused
-    rows = Task.objects.select_related("run").filter(
-        owner_id=call.owner_id, agent=call.agent.id, conversation__deleting_at__isnull=True
+    rows = (
+        Task.objects.select_related("run")
+        .visible()
+        .owned_by(call.owner_id)
+        .filter(agent=call.agent.id)
     )
     if req.context_id:
         rows = rows.filter(

@@ -247,11 +247,7 @@ class CallFollower:
         """What to send since the last read; the response once the call is over."""
         try:
             out = self._events()
-            task = (
-                Task.objects.select_related("run")
-                .filter(pk=self.task_id, conversation__deleting_at__isnull=True)
-                .first()
-            )
+            task = Task.objects.select_related("run").visible().filter(pk=self.task_id).first()
             if task is None:
                 out.append(self._finish(error_result(TaskNotFound())))
             elif task.status in TERMINAL:

@@ -77,9 +77,7 @@ class NoticeFollower:
             now = time.monotonic()
             if now - self._checked >= DELETED_CHECK:
                 self._checked = now
-                gone = Conversation.objects.filter(
-                    pk=self.conversation_id, deleting_at__isnull=False
-                ).exists()
+                gone = Conversation.objects.being_deleted().filter(pk=self.conversation_id).exists()
                 self.done = self.done or gone
             return ""
         finally:

@@ -273,11 +273,8 @@ class TaskTools:
         """A task of the session's conversation; any other (another user's) does not exist."""
         task = (
             Task.objects.select_related("run")
-            .filter(
-                pk=task_id,
-                parent_conversation_id=self.session.conversation_id,
-                conversation__deleting_at__isnull=True,
-            )
+            .visible()
+            .filter(pk=task_id, parent_conversation_id=self.session.conversation_id)
             .exclude(kind=TaskKind.DELEGATE)
             .first()
             if "\x00" not in task_id

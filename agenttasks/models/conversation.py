@@ -12,6 +12,10 @@ class ConversationQuerySet(models.QuerySet["Conversation"]):
         """Conversations that are not being deleted."""
         return self.filter(deleting_at__isnull=True)
 
+    def being_deleted(self) -> "ConversationQuerySet":
+        """Conversations whose tree is marked for deletion (docs/lifecycle.md#deleting-a-conversation)."""
+        return self.filter(deleting_at__isnull=False)
+
 
 class Conversation(models.Model):
     """An append-only log of events for one user: a chat, or the transcript of a task."""

@@ -4,6 +4,12 @@ from django.db import models
 from .. import ids
 
 
+class FileQuerySet(models.QuerySet["File"]):
+    def visible(self) -> "FileQuerySet":
+        """Files whose conversation tree is not being deleted."""
+        return self.filter(conversation__deleting_at__isnull=True)
+
+
 class File(models.Model):
     """A file that arrived with a task or a message; its bytes live in Django's storage."""
 
@@ -39,6 +45,8 @@ class File(models.Model):
     storage_name = models.CharField("stored as", max_length=500)
     created_at = models.DateTimeField("created", auto_now_add=True)
     expires_at = models.DateTimeField("expires", null=True, blank=True)
+
+    objects = FileQuerySet.as_manager()
 
     class Meta:
         verbose_name = "file"

@@ -15,6 +15,10 @@ class TaskQuerySet(models.QuerySet["Task"]):
         """Tasks whose conversation tree is not being deleted."""
         return self.filter(conversation__deleting_at__isnull=True)
 
+    def owned_by(self, owner_id: int | None) -> "TaskQuerySet":
+        """A principal's tasks (None: the anonymous principal's), the lookup every surface uses."""
+        return self.filter(owner_id=owner_id)
+
     def live(self) -> "TaskQuerySet":
         """Tasks that are pending, running or waiting for input."""
         return self.filter(status__in=LIVE)

@@ -41,9 +41,7 @@ def mark_deleting(root_id: str) -> list[str]:
     with transaction.atomic():
         lock_conversation(root_id)
         tree = conversation_tree(root_id)
-        Conversation.objects.filter(pk__in=tree, deleting_at__isnull=True).update(
-            deleting_at=timezone.now()
-        )
+        Conversation.objects.visible().filter(pk__in=tree).update(deleting_at=timezone.now())
     return tree
 
 
@@ -66,9 +64,10 @@ def stored_files(tree: list[str]) -> list[str]:
 
 def interrupted_deletes() -> list[str]:
     """The roots of marked trees whose delete has not finished (an interrupted delete)."""
-    marked = Conversation.objects.filter(deleting_at__isnull=False)
+    marked = Conversation.objects.being_deleted()
+    # A marked tree's root: no parent, or a parent that is not marked itself.
     return list(
-        marked.filter(Q(parent__isnull=True) | Q(parent__deleting_at__isnull=True))
+        marked.exclude(parent__in=Conversation.objects.being_deleted())
         .order_by("deleting_at")
         .values_list("id", flat=True)[:100]
     )

@@ -142,7 +142,7 @@ class ApiView(AppPolicies):
         if not plain_id(task_id):
             raise errors.not_found(f"Task not found: {task_id}")
         rows = queryset if queryset is not None else task_rows()
-        task = rows.filter(pk=task_id, conversation__deleting_at__isnull=True).first()
+        task = rows.visible().filter(pk=task_id).first()
         if task is None:
             raise errors.not_found(f"Task not found: {task_id}")
         check_owner(self.request, task.owner_id, "task")

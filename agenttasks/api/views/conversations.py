@@ -56,9 +56,7 @@ class ConversationListView(ApiView):
     )
     def get(self, request):
         limit, offset, position = cursor_params(request, CONVERSATION_ORDER, 20, 100)
-        rows = conversation_rows().filter(
-            owner_id=owner_id(request), hidden=False, deleting_at__isnull=True
-        )
+        rows = conversation_rows().visible().filter(owner_id=owner_id(request), hidden=False)
         agent_id = request.query_params.get("agentId")
         if agent_id is not None and not plain_id(agent_id):
             items, total, after = [], 0, None

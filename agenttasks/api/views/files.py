@@ -19,7 +19,7 @@ def readable_file(request, file_id: str) -> File:
     """The file the caller may read (404 for an unknown id, 403 for another owner's file)."""
     row = None
     if plain_id(file_id):
-        row = File.objects.filter(pk=file_id, conversation__deleting_at__isnull=True).first()
+        row = File.objects.visible().filter(pk=file_id).first()
     if row is None:
         raise errors.not_found(f"File not found: {file_id}")
     check_owner(request, row.owner_id, "file")

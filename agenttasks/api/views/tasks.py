@@ -81,9 +81,7 @@ class TaskListView(ApiView):
             for value in statuses:
                 if value not in STATUSES:
                     raise errors.validation(f"Unknown status: {value}", "status")
-        rows = task_rows().filter(
-            owner_id=owner_id(request), conversation__deleting_at__isnull=True
-        )
+        rows = task_rows().visible().owned_by(owner_id(request))
         filters = {
             "agent": params.get("agentId"),
             "conversation_id": params.get("conversationId"),
@@ -201,7 +199,7 @@ class TaskWaitView(ApiView):
             raise errors.not_found(f"Task not found: {taskId}") from None
         finally:
             held.release()
-        if Conversation.objects.filter(pk=task.conversation_id, deleting_at__isnull=False).exists():
+        if Conversation.objects.being_deleted().filter(pk=task.conversation_id).exists():
             raise errors.not_found(f"Task not found: {taskId}")
         result = None
         if include or (not task.summary and task.status == TaskStatus.WAITING_FOR_INPUT):
