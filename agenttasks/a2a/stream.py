@@ -11,13 +11,11 @@ ASGI.
 """
 
 import logging
-import time
 
 from a2a.types import a2a_pb2 as pb
 from google.protobuf import json_format
 
-from ..api import slots
-from ..api.streams import DELETED_CHECK
+from ..api.streams import Follower
 from ..models import Conversation, Event, Task
 from ..states import TERMINAL, TaskStatus
 from . import mapping
@@ -28,7 +26,7 @@ ENDS = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
 BATCH = 200
 
 
-class TaskFollower:
+class TaskFollower(Follower):
     """What one stream has sent of one task, and how to read what comes next.
 
     It follows the task's conversation for an api.streams driver; `frame(dict)` and
@@ -38,28 +36,19 @@ class TaskFollower:
     def __init__(
         self, call, task_id: str, frame, error_frame, held=None, client_fd=None, sent=None
     ):
+        super().__init__(held, client_fd)
         self.call = call
         self.task_id = task_id
         self.frame, self.error_frame = frame, error_frame
         self.sent = sent  # SendStreamingMessage: the task as sent, and where its log resumes
-        self.held = held or slots.Held(None, "", 0)
-        self.client_fd = client_fd
-        self.done = False
         self.last = 0
         self.conversation_id = (
             Task.objects.filter(pk=task_id).values_list("conversation_id", flat=True).get()
         )
         self.context_id = ""
-        self._renewed = self._client_checked = self._deletion_checked = time.monotonic()
-
-    def attach(self, woken) -> None:
-        """Nothing transient to receive: A2A streams carry no deltas."""
 
     def opening(self) -> list[str]:
         return [self.frame(self.first())]
-
-    def pending(self) -> str:
-        return ""
 
     def first(self) -> dict:
         """The Task as it is now (or as the message left it); the log is followed from here."""
@@ -89,11 +78,8 @@ class TaskFollower:
         read next are going, and so is the terminal update that would have ended it.
         """
         text = "".join(self.frame(update) for update in self._read())
-        now = time.monotonic()
-        if not text and not self.done and now - self._deletion_checked >= DELETED_CHECK:
-            self._deletion_checked = now
-            if not Conversation.objects.visible().filter(pk=self.conversation_id).exists():
-                self.done = True
+        if not text and not self.done and self.deleted():
+            self.done = True
         return text
 
     def _read(self) -> list[dict]:
@@ -167,26 +153,6 @@ class TaskFollower:
     def _dict(message) -> dict:
         return json_format.MessageToDict(message)
 
-    # --- the stream's place and its client ---------------------------------------------------
-
-    def client_gone(self) -> bool:
-        now = time.monotonic()
-        if now - self._client_checked < 1.0:
-            return False
-        self._client_checked = now
-        return slots.gone(self.client_fd)
-
-    def place_due(self) -> bool:
-        return time.monotonic() - self._renewed >= self.held.seconds / 3
-
-    def keep_place(self) -> None:
-        self._renewed = time.monotonic()
-        if not self.held.renew():
-            self.done = True
-
     def failed(self, exc: Exception) -> str:
         logger.error("a2a.stream_failed task=%s", self.task_id, exc_info=exc)
         return self.error_frame(exc)
-
-    def release(self) -> None:
-        self.held.release()

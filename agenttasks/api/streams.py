@@ -20,7 +20,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
@@ -62,32 +61,39 @@ def frame(event: Event) -> str:
     )
 
 
-class EventStream:
-    """What one open stream has sent, and how to read what comes next."""
+class Follower:
+    """What a stream driver (`sync_stream`, `async_stream`) follows: one conversation's log.
 
-    def __init__(
-        self,
-        conversation_id: str,
-        task_id: str | None,
-        resume: int | None,
-        until: bool,
-        held: slots.Held | None = None,
-        client_fd: int | None = None,
-    ):
-        self.conversation_id = conversation_id
-        self.task_id = task_id
-        self.resume = resume
-        self.until_terminal = until
+    The REST events stream (`EventStream`), an A2A task's (a2a/stream.py) and MCP's (mcp/) are
+    followers. `opening` and `poll` read the database (under ASGI in the request's thread);
+    `pending` does not. A follower sets `done` when it has sent its last frame. This class holds
+    what every follower shares: its place under the user's cap (`held`), renewed while it runs,
+    and whether its WSGI client has gone.
+    """
+
+    conversation_id: str
+
+    def __init__(self, held: slots.Held | None = None, client_fd: int | None = None):
         self.held = held or slots.Held(None, "", 0)
         self.client_fd = client_fd
-        self.last = 0
         self.done = False
-        self.deltas: collections.deque = collections.deque()  # (run id, piece), not yet sent
-        self._reader: Callable[[str, str], None] | None = None
-        self._checked = time.monotonic()
-        self._client_checked = self._renewed = time.monotonic()
+        self._client_checked = self._renewed = self._deletion_checked = time.monotonic()
 
-    # --- the stream's place and its client ----------------------------------------------------
+    def attach(self, woken) -> None:
+        """Receive what is transient while the stream is open (nothing, unless overridden)."""
+
+    def opening(self) -> list[str]:
+        raise NotImplementedError
+
+    def poll(self) -> str:
+        raise NotImplementedError
+
+    def pending(self) -> str:
+        """What waits to be sent without reading the database ("" unless overridden)."""
+        return ""
+
+    def failed(self, exc: Exception) -> str:
+        raise NotImplementedError
 
     def client_gone(self) -> bool:
         """Whether the (WSGI) client closed the connection; checked every CLIENT_CHECK seconds."""
@@ -108,9 +114,42 @@ class EventStream:
             logger.warning("api.stream_slot_lost conversation=%s", self.conversation_id)
             self.done = True
 
+    def deleted(self) -> bool:
+        """Whether the conversation is being deleted or gone; read every DELETED_CHECK seconds."""
+        now = time.monotonic()
+        if now - self._deletion_checked < DELETED_CHECK:
+            return False
+        self._deletion_checked = now
+        return not Conversation.objects.visible().filter(pk=self.conversation_id).exists()
+
+    def release(self) -> None:
+        self.held.release()
+
+
+class EventStream(Follower):
+    """What one open stream has sent, and how to read what comes next."""
+
+    def __init__(
+        self,
+        conversation_id: str,
+        task_id: str | None,
+        resume: int | None,
+        until: bool,
+        held: slots.Held | None = None,
+        client_fd: int | None = None,
+    ):
+        super().__init__(held, client_fd)
+        self.conversation_id = conversation_id
+        self.task_id = task_id
+        self.resume = resume
+        self.until_terminal = until
+        self.last = 0
+        self.deltas: collections.deque = collections.deque()  # (run id, piece), not yet sent
+        self._reader: Callable[[str, str], None] | None = None
+
     def release(self) -> None:
         self.detach()
-        self.held.release()
+        super().release()
 
     def failed(self, exc: Exception) -> str:
         logger.error("api.stream_failed conversation=%s", self.conversation_id, exc_info=exc)
@@ -195,10 +234,8 @@ class EventStream:
     def poll(self) -> str:
         """The events committed since the last read ("" when none); notices a deletion."""
         text, count = self._read()
-        if not count and time.monotonic() - self._checked >= DELETED_CHECK:
-            self._checked = time.monotonic()
-            if not Conversation.objects.visible().filter(pk=self.conversation_id).exists():
-                self.done = True
+        if not count and self.deleted():
+            self.done = True
         return text
 
     def _read(self) -> tuple[str, int]:
@@ -236,27 +273,6 @@ class EventStream:
 
 def _settings() -> tuple[float, float]:
     return float(app_settings.STREAM_KEEPALIVE_SECONDS), float(app_settings.STREAM_MAX_SECONDS)
-
-
-class Follower(Protocol):
-    """What a stream driver follows: an EventStream here, an A2A TaskFollower (a2a/stream.py).
-
-    `opening` and `poll` read the database (under ASGI in the request's thread); `pending` does
-    not. A follower sets `done` when it has sent its last frame.
-    """
-
-    conversation_id: str
-    done: bool
-
-    def attach(self, woken) -> None: ...
-    def opening(self) -> list[str]: ...
-    def poll(self) -> str: ...
-    def pending(self) -> str: ...
-    def client_gone(self) -> bool: ...
-    def place_due(self) -> bool: ...
-    def keep_place(self) -> None: ...
-    def failed(self, exc: Exception) -> str: ...
-    def release(self) -> None: ...
 
 
 def sync_stream(stream: Follower):

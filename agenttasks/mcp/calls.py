@@ -29,6 +29,7 @@ from typing import Any
 from .. import answers, lifecycle, store
 from ..api import serializers as s
 from ..api import slots
+from ..api.streams import Follower
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import Event, PendingAction, Task, TaskResult
@@ -202,7 +203,7 @@ def outcome(task: Task, mount_url: str) -> dict:
     return {"content": content, "isError": False, "structuredContent": structured}
 
 
-class CallFollower:
+class CallFollower(Follower):
     """Follow one task for an agent's tools/call (an api.streams Follower).
 
     `poll` reads the task's log and row and writes what goes to the client; `done` once the
@@ -219,6 +220,7 @@ class CallFollower:
         declined: set[str] | None = None,
         note: str = "",
     ):
+        super().__init__(exchange.held, exchange.client_fd)
         self.exchange, self.session, self.tool = exchange, exchange.session, tool
         self.task_id, self.conversation_id = task.id, task.conversation_id
         self.last = after
@@ -228,20 +230,11 @@ class CallFollower:
         self.declined = set(declined or ())
         self.note = note
         self.progress = 0.0
-        self.done = False
-        self.held = exchange.held or slots.Held(None, "", 0)
-        self._renewed = self._client_checked = time.monotonic()
 
     # --- the driver's side (api.streams.Follower) ---------------------------------------------
 
-    def attach(self, woken) -> None:
-        """Nothing transient to receive."""
-
     def opening(self) -> list[str]:
         return [self.poll()]
-
-    def pending(self) -> str:
-        return ""
 
     def poll(self) -> str:
         """What to send since the last read; the response once the call is over."""
@@ -261,17 +254,8 @@ class CallFollower:
         finally:
             release_connection()  # held by no wait: back to the pool until the next read
 
-    def client_gone(self) -> bool:
-        now = time.monotonic()
-        if now - self._client_checked < 1.0:
-            return False
-        self._client_checked = now
-        return slots.gone(self.exchange.client_fd)
-
-    def place_due(self) -> bool:
-        return time.monotonic() - self._renewed >= self.held.seconds / 3
-
     def keep_place(self) -> None:
+        """Renew the place's lease; a call goes on even if it lapsed (it ends by its timeout)."""
         self._renewed = time.monotonic()
         self.held.renew()
 
@@ -283,7 +267,7 @@ class CallFollower:
 
     def release(self) -> None:
         """Give the place back; a 2026-07-28 call whose client closed the stream is cancelled."""
-        self.held.release()
+        super().release()
         if self.done or not self.exchange.cancel_on_close:
             return
         self.done = True

@@ -10,11 +10,9 @@ settles them as the model's own pull.
 """
 
 import logging
-import time
 
 from .. import wakeups
-from ..api import slots
-from ..api.streams import DELETED_CHECK
+from ..api.streams import Follower
 from ..models import Conversation, Event
 from ..runtime.base import release_connection
 from ..states import TaskStatus
@@ -33,25 +31,16 @@ def message(items) -> dict:
     return protocol.notification("notifications/message", params)
 
 
-class NoticeFollower:
+class NoticeFollower(Follower):
     """Follow a session's conversation; send each owed result once (an api.streams Follower)."""
 
     def __init__(self, session, frame, held=None, client_fd=None):
+        super().__init__(held, client_fd)
         self.session = session
         self.conversation_id = session.conversation_id
         self.frame = frame
-        self.held = held or slots.Held(None, "", 0)
-        self.client_fd = client_fd
-        self.done = False
         self.last = 0
         self.sent: set[tuple[str, str]] = set()  # (task id, run id) of the wake-ups told
-        self._renewed = self._client_checked = self._checked = time.monotonic()
-
-    def attach(self, woken) -> None:
-        """Nothing transient to receive."""
-
-    def pending(self) -> str:
-        return ""
 
     def opening(self) -> list[str]:
         """What is owed now (a stream that reconnects is told again), then what comes."""
@@ -74,11 +63,7 @@ class NoticeFollower:
                 self.last = events[-1].seq
             if any((e.data or {}).get("to") in ENDINGS for e in events):
                 return self._owed()
-            now = time.monotonic()
-            if now - self._checked >= DELETED_CHECK:
-                self._checked = now
-                gone = Conversation.objects.being_deleted().filter(pk=self.conversation_id).exists()
-                self.done = self.done or gone
+            self.done = self.done or self.deleted()
             return ""
         finally:
             release_connection()
@@ -92,24 +77,6 @@ class NoticeFollower:
         self.sent.update((w.task_id, w.run_id) for w in items)
         return self.frame(message(items))
 
-    def client_gone(self) -> bool:
-        now = time.monotonic()
-        if now - self._client_checked < 1.0:
-            return False
-        self._client_checked = now
-        return slots.gone(self.client_fd)
-
-    def place_due(self) -> bool:
-        return time.monotonic() - self._renewed >= self.held.seconds / 3
-
-    def keep_place(self) -> None:
-        self._renewed = time.monotonic()
-        if not self.held.renew():
-            self.done = True
-
     def failed(self, exc: Exception) -> str:
         logger.error("mcp.notices_failed conversation=%s", self.conversation_id, exc_info=exc)
         return ""
-
-    def release(self) -> None:
-        self.held.release()
