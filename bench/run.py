@@ -125,7 +125,7 @@ def main() -> None:
         base, ours = throughput(n, broker)
         rows.append(
             (
-                f"P1 end to end, {broker} broker, 2 workers, N={n}",
+                f"P1 end to end, {broker} broker, 2 workers, N={n}, median of 3",
                 f"{ours:.1f} tasks/s",
                 f"bare django-q2 {base:.1f} jobs/s",
                 f"{ours / base:.2f}x (goal >= 0.5x)",

@@ -15,6 +15,7 @@ same run:
 import argparse
 import json
 import os
+import statistics
 import time
 
 from common import (
@@ -62,18 +63,20 @@ def agenttasks(n: int, port: int = 8767, clients: int = 8) -> float:
     return n / (ended - started)
 
 
-def measure(n: int, workers_list: list[int]) -> list[tuple[int, float, float]]:
+def measure(n: int, workers_list: list[int], repeat: int) -> list[tuple[int, float, float]]:
+    """Median rates of `repeat` interleaved rounds per worker count (one round varies by 2x here)."""
     rows = []
     for workers in workers_list:
-        results = []
-        for run in (bare, agenttasks):
-            clean()
-            cluster = Cluster(workers)
-            try:
-                results.append(run(n))
-            finally:
-                cluster.stop()
-        rows.append((workers, *results))
+        rates: dict = {bare: [], agenttasks: []}
+        for _ in range(repeat):
+            for run in (bare, agenttasks):
+                clean()
+                cluster = Cluster(workers)
+                try:
+                    rates[run].append(run(n))
+                finally:
+                    cluster.stop()
+        rows.append((workers, statistics.median(rates[bare]), statistics.median(rates[agenttasks])))
     return rows
 
 
@@ -84,15 +87,16 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--broker", choices=["orm", "redis"], default="orm")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of each; medians are shown")
     parser.add_argument("--json", action="store_true", help="print one JSON line (run.py)")
     args = parser.parse_args()
     os.environ.update(broker_env(args.broker))
     setup_django()
-    rows = measure(args.n, args.workers)
+    rows = measure(args.n, args.workers, args.repeat)
     if args.json:
         print(json.dumps(rows))
         return
-    print(f"\nP1 throughput, N={args.n}, PostgreSQL, {args.broker} broker")
+    print(f"\nP1 throughput, N={args.n}, PostgreSQL, {args.broker} broker, median of {args.repeat}")
     print(
         f"{'workers':>7}  {'bare django-q2 jobs/s':>22}  {'agenttasks tasks/s':>19}  {'ratio':>6}"
     )

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from ..exceptions import RunNotFound
 from ..models import Run, Task
 from ..states import (
     LIVE,
@@ -107,7 +108,10 @@ def _end_locked(
 
 
 def _record_left_run(log: Log, run_id: str, outcome: RunOutcome, now: datetime) -> bool:
-    run = lock_run(run_id)
+    try:
+        run = lock_run(run_id)
+    except RunNotFound:
+        return False  # as agenttasks_end answers: nothing of an unknown run to record
     if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
         return False
     log.hold(run.conversation)

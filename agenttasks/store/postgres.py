@@ -13,17 +13,19 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import date, datetime
 from typing import Any, TypeVar
 
-from django.db import connection, models, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from ..exceptions import RunNotFound, TaskNotFound
+from ..exceptions import RunNotFound, TaskNotFound, TransitionError
 from ..models import Conversation, Run, Task
 from ..types import Claimed, Ended, Ending, RunOutcome, usage_counts
 from .locking import announce_events
 from .rows import result_fields
 
 M = TypeVar("M", bound=models.Model)
+
+CHECK_VIOLATION = "23514"
 
 
 def enabled() -> bool:
@@ -53,9 +55,17 @@ def _call(function: str, *args: Any) -> Any:
     savepoint: AbstractContextManager[Any] = (
         transaction.atomic() if connection.in_atomic_block else nullcontext()
     )
-    with savepoint, connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}({placeholders})", params)
-        return cursor.fetchone()[0]
+    try:
+        with savepoint, connection.cursor() as cursor:
+            cursor.execute(f"SELECT {function}({placeholders})", params)
+            return cursor.fetchone()[0]
+    except IntegrityError as exc:
+        cause = exc.__cause__
+        if getattr(cause, "sqlstate", None) == CHECK_VIOLATION:
+            # The transition trigger (migration 0016) refused a status change: the same bug
+            # `store.rows.set_status` reports on the ORM path.
+            raise TransitionError(cause.diag.message_primary) from exc  # type: ignore[union-attr]
+        raise
 
 
 def _answer(value: Any) -> dict[str, Any]:
