@@ -5,7 +5,7 @@ It stands below the lifecycle and the runtimes (it imports neither): both look a
 
 import re
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -291,11 +291,6 @@ def get(agent_id: str) -> AgentDef:
 def agents() -> list[AgentDef]:
     """Return every registered agent, sorted by id."""
     return sorted(_registry.all().values(), key=lambda a: a.id)
-
-
-def with_fields(agent: AgentDef, **changes) -> AgentDef:
-    """Return a copy of a definition with some fields changed (tests)."""
-    return replace(agent, **changes)
 
 
 def _reset_on_change(*, setting, **kwargs) -> None:

@@ -126,6 +126,14 @@ class Claimed:
     passed: int = 0
 
 
+LABEL_LENGTH = 60
+
+
+def default_label(input: str) -> str:
+    """Return the label of a task created without one: the first 60 characters of its input."""
+    return input[:LABEL_LENGTH]
+
+
 @dataclass
 class NewTask:
     """A task to create, with its conversation and first run (`store.create_task`)."""

@@ -234,28 +234,7 @@ def peer(server, alice):
 @pytest.fixture
 def asgi_peer(transactional_db, alice):
     """peer(agent, binding) against the app served by uvicorn (ASGI) on loopback."""
-    import socket
-    import threading
+    from .conftest import served_asgi
 
-    import uvicorn
-    from django.core.asgi import get_asgi_application
-
-    from .conftest import wait_for
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    settings_dict = connections.settings["default"]
-    previous = settings_dict.get("CONN_MAX_AGE", 0)
-    settings_dict["CONN_MAX_AGE"] = 0
-    config = uvicorn.Config(
-        get_asgi_application(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, message="uvicorn started")
-    yield lambda agent, binding: Peer(f"http://127.0.0.1:{port}", alice.token, agent, binding)
-    server.should_exit = True
-    thread.join(10)
-    settings_dict["CONN_MAX_AGE"] = previous
+    with served_asgi() as url:
+        yield lambda agent, binding: Peer(url, alice.token, agent, binding)

@@ -52,6 +52,40 @@ def wait_for(predicate, timeout=5.0, interval=0.01, message="condition"):
 
 
 @contextmanager
+def served_asgi():
+    """Serve the app with uvicorn (ASGI) on a loopback port in a thread; yield its URL.
+
+    Its connections close after each request (PostgreSQL would keep them open, and the test
+    database could not be dropped at the end).
+    """
+    import socket
+
+    import uvicorn
+    from django.core.asgi import get_asgi_application
+    from django.db import connections
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings_dict = connections.settings["default"]
+    previous = settings_dict.get("CONN_MAX_AGE", 0)
+    settings_dict["CONN_MAX_AGE"] = 0
+    config = uvicorn.Config(
+        get_asgi_application(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, message="uvicorn started")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        settings_dict["CONN_MAX_AGE"] = previous
+
+
+@contextmanager
 def failing_inserts(table: str):
     """Make every INSERT into `table` fail inside the database (a fault in the middle of a write).
 

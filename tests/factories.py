@@ -18,6 +18,7 @@ from agenttasks.models import (
     Wakeup,
 )
 from agenttasks.states import RunStatus, TaskStatus
+from agenttasks.types import default_label
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -76,7 +77,7 @@ class TaskFactory(factory.django.DjangoModelFactory):
     owner = factory.SubFactory(UserFactory)
     agent = "worker"
     input = "do it"
-    label = factory.LazyAttribute(lambda o: o.input[:60])
+    label = factory.LazyAttribute(lambda o: default_label(o.input))
     status = TaskStatus.PENDING
 
     @classmethod

@@ -163,28 +163,10 @@ def free_port() -> int:
 @pytest.fixture
 def asgi_server(transactional_db):
     """The app served by uvicorn (ASGI) on loopback, in this process; its URL."""
-    import threading
+    from .conftest import served_asgi
 
-    import uvicorn
-    from django.core.asgi import get_asgi_application
-
-    from .conftest import wait_for
-
-    port = free_port()
-    settings_dict = connections.settings["default"]
-    previous = settings_dict.get("CONN_MAX_AGE", 0)
-    settings_dict["CONN_MAX_AGE"] = 0
-    config = uvicorn.Config(
-        get_asgi_application(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, message="uvicorn started")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    settings_dict["CONN_MAX_AGE"] = previous
+    with served_asgi() as url:
+        yield url
 
 
 @pytest.fixture

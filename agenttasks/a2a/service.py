@@ -252,7 +252,7 @@ def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None
     except TaskError as exc:
         if exc.status_code >= 500:
             raise
-        reason = exc.api_message() if hasattr(exc, "api_message") else str(exc)
+        reason = exc.api_message()
         context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
         return mapping.rejected(reason, context, req.proto.message), None
     except callbacks.CallbackURLError as exc:
@@ -294,7 +294,7 @@ def answer(call: Call, task: Task, incoming) -> Task:
             resolution = s.ActionAnswerSerializer.validated(body, action=action)
         except api_errors.ApiError as exc:
             raise invalid(exc) from None
-        lifecycle.answer(action.id, {**resolution, "decided_by": call.user})
+        lifecycle.resolve_as_person(action.id, {**resolution, "decided_by": call.user})
     return reload(task.id)
 
 

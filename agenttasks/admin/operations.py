@@ -133,7 +133,7 @@ def stop_tree(task: Task) -> tuple[str, bool, int]:
 def resolve(action: PendingAction, resolution: dict) -> tuple[str, bool]:
     """Answer an approval or a question; say whether the task resumes."""
     try:
-        task = lifecycle.answer(action.pk, resolution)
+        task = lifecycle.resolve_as_person(action.pk, resolution)
     except ActionResolved as exc:  # settled, stale, or expired (its timeout applied now)
         return f"{exc.api_message()}.", False
     except TaskError as exc:  # deleted or moved meanwhile

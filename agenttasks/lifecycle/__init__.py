@@ -18,13 +18,13 @@ contract; this package is the Python API, one module per concern:
 
 from ..types import Continuation, RunOutcome, StopOutcome, TaskInfo, TaskMeta
 from .answering import (
-    answer,
     answer_refusal,
     comment,
     comment_refusal,
     expire_actions,
     message_refusal,
     resolve_action,
+    resolve_as_person,
     waiting_on,
 )
 from .base import agent_name, conversation_id_of, info, progress_line
@@ -51,7 +51,7 @@ __all__ = [
     "TaskMeta",
     "agent_name",
     "announce",
-    "answer",
+    "resolve_as_person",
     "answer_refusal",
     "cancel",
     "comment",

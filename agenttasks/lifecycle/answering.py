@@ -95,8 +95,8 @@ def message_refusal(task: Task) -> TaskError | None:
     return None
 
 
-def answer(action_id: str, resolution: dict[str, Any]) -> Task | None:
-    """Answer an approval or a question as a person; return its task as the answer left it.
+def resolve_as_person(action_id: str, resolution: dict[str, Any]) -> Task | None:
+    """Apply a resolution a person gave (REST, the admin, A2A, MCP); return the task it left.
 
     Refused (ActionResolved) when the action is already settled, has expired (its timeout is
     applied now) or belongs to a run that is no longer current. None for a conversation's run.

@@ -11,7 +11,6 @@ from ..types import ConversationRef, TaskInfo
 
 logger = logging.getLogger(__name__)
 
-LABEL_LENGTH = 60
 DELEGATE = TaskKind.DELEGATE
 
 

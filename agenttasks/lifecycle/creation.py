@@ -16,8 +16,8 @@ from ..exceptions import (
     TaskLimit,
 )
 from ..models import Conversation, Run, Task
-from ..types import ConversationRef, NewTask, Owner, TaskInfo
-from .base import LABEL_LENGTH, info, read
+from ..types import ConversationRef, NewTask, Owner, TaskInfo, default_label
+from .base import info, read
 from .effects import announce, launch, launch_durable
 from .reading import meta_for
 
@@ -54,7 +54,7 @@ def create(
         owner=owner,
         agent=agent_id,
         input=input,
-        label=label or " ".join(input.split())[:LABEL_LENGTH],
+        label=label or default_label(" ".join(input.split())),  # REST's: whitespace collapsed
         kind=kind,
         state=state,
         inherit=agent.snapshot(),
@@ -114,7 +114,7 @@ def spawn(
         depth = meta.depth + 1
         if depth > app_settings.MAX_DEPTH:
             raise DepthLimit(meta.depth)
-    label = label or input[:LABEL_LENGTH]
+    label = label or default_label(input)
     if not isinstance(parent, Conversation):
         parent = Conversation.objects.get(pk=parent)
     agent_id = agent_name or (parent_run.agent if parent_run is not None else parent.agent)

@@ -61,10 +61,11 @@ def on_run_finished(
         )
     if outcome.status not in TERMINAL:
         return
-    if app_settings.hook("CONTINUE", task.kind) is None:
+    hook = app_settings.hook("CONTINUE", task.kind)
+    if hook is None:
         _finish(task, run_id, outcome)
     else:
-        _finish_with_hook(read(task.id), run_id, outcome)
+        _finish_with_hook(read(task.id), run_id, outcome, hook)
 
 
 def _ending(
@@ -113,7 +114,7 @@ def _finish(task: Task, run_id: str, outcome: RunOutcome) -> None:
     _settled(ended.task, task, run_id)
 
 
-def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
+def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome, hook: Any) -> None:
     """Record the ending, ask the kind's CONTINUE hook, then advance or finalize."""
     graceful = outcome.graceful_stop or (
         task.run_id == run_id and task.run.stop_request == StopRequest.AFTER_TURN
@@ -126,7 +127,7 @@ def _finish_with_hook(task: Task, run_id: str, outcome: RunOutcome) -> None:
         if outcome.run_id is None:
             logger.warning(NO_RUN_ID_WARNING)
         else:
-            step = _continue(task, run_id, outcome)
+            step = _continue(task, run_id, outcome, hook)
             if step is None:
                 return
             status, full, final_state = step
@@ -172,33 +173,31 @@ def _stopping_after_turn(run_id: str) -> bool:
 
 def _wants_continuation(task: Task, run_id: str, status: str, outcome: RunOutcome) -> bool:
     return (
-        app_settings.hook("CONTINUE", task.kind) is not None
-        and status != TaskStatus.CANCELLED
+        status != TaskStatus.CANCELLED
         and not outcome.graceful_stop
         and task.run_id == run_id
         and task.status == TaskStatus.RUNNING
     )
 
 
-def _continue(task: Task, run_id: str, outcome: RunOutcome) -> tuple[str, str, Any] | None:
+def _continue(
+    task: Task, run_id: str, outcome: RunOutcome, hook: Any
+) -> tuple[str | None, str | None, Any] | None:
     """Ask the kind's CONTINUE hook; advance and launch, or return the ending it decided.
 
     Returns None when the task went on to a next run (or that attempt was settled here), else
-    (status, full text, final state) for the ending.
+    (status, full text, final state) for the ending; None for status and text: the outcome's.
     """
-    hook = app_settings.hook("CONTINUE", task.kind)
-    status = TaskStatus.COMPLETED if outcome.status == OutcomeStatus.COMPLETED else outcome.status
-    full = outcome.text.strip() or (outcome.error if status == TaskStatus.FAILED else "")
     try:
         cont = hook(task, outcome)
     except Exception as exc:
         return TaskStatus.FAILED, str(exc), None
     if cont is None:
-        return status, full, None
+        return None, None, None
     if not cont.input:
         if cont.error:
             return TaskStatus.FAILED, cont.error, cont.state
-        return status, full, cont.state
+        return None, None, cont.state
     if task.continuations >= app_settings.MAX_CONTINUATIONS:
         return (
             TaskStatus.FAILED,

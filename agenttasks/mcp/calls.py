@@ -161,7 +161,7 @@ def apply(action: PendingAction, body: dict, session: Session) -> str:
     """Answer an action with a REST answer body; "" when done, else why not (REST's words)."""
     try:
         resolution = answers.checked(action, body)
-        lifecycle.answer(action.id, {**resolution, "decided_by": session.caller.user})
+        lifecycle.resolve_as_person(action.id, {**resolution, "decided_by": session.caller.user})
     except answers.AnswerError as exc:
         return f"{action.id}: {exc.message}"
     except TaskError as exc:

@@ -330,7 +330,9 @@ class TaskTools:
         except answers.AnswerError as exc:
             return error_result(exc.message)
         try:
-            lifecycle.answer(action.id, {**resolution, "decided_by": self.session.caller.user})
+            lifecycle.resolve_as_person(
+                action.id, {**resolution, "decided_by": self.session.caller.user}
+            )
         except (ActionNotFound, TaskNotFound, RunNotFound):
             return error_result(f"Action not found: {action_id}")
         except TaskError as exc:

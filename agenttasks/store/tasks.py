@@ -33,7 +33,7 @@ from ..states import (
     TaskKind,
     TaskStatus,
 )
-from ..types import ActionRequest, Claimed, NewTask, StopOutcome
+from ..types import ActionRequest, Claimed, NewTask, StopOutcome, default_label
 from . import postgres
 from .limits import check_active_limit, live_count, lock_principal, over_limit
 from .locking import (
@@ -167,7 +167,7 @@ def _insert(
 def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
     task_id = new.task_id or ids.new_task_id()
     parent_id = new.parent_conversation_id
-    label = new.label or new.input[:60]
+    label = new.label or default_label(new.input)
     source = TaskKind.DELEGATE if new.kind == TaskKind.DELEGATE else "task"
     conversation = Conversation(
         owner=new.owner,

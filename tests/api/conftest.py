@@ -25,7 +25,7 @@ from rest_framework.authtoken.models import Token
 from agenttasks import worker
 from agenttasks.models import Task
 
-from ..conftest import wait_for
+from ..conftest import served_asgi, wait_for
 from ..factories import UserFactory
 
 PREFIX = "/api/agents"
@@ -296,21 +296,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def asgi_server(transactional_db, short_lived_connections):
-    import uvicorn
-    from django.core.asgi import get_asgi_application
-
-    port = _free_port()
-    config = uvicorn.Config(
-        get_asgi_application(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, message="uvicorn started")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+def asgi_server(transactional_db):
+    with served_asgi() as url:
+        yield url
 
 
 class ServerProcess:

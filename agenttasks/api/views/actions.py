@@ -61,7 +61,7 @@ class ActionView(ApiView):
         answer = s.ActionAnswerSerializer.validated(self.body, action=action)
         resolution = {**answer, "decided_by": self.principal()}
         try:
-            task = lifecycle.answer(action.id, resolution)
+            task = lifecycle.resolve_as_person(action.id, resolution)
         except (ActionNotFound, TaskNotFound, RunNotFound):
             raise errors.not_found(f"Action not found: {actionId}") from None
         action.refresh_from_db()
