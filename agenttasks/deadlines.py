@@ -14,7 +14,7 @@ from django.conf import settings
 from . import lifecycle, registry, store, wakeups
 from .conf import app_settings
 from .models import Run
-from .states import TaskStatus
+from .states import StopReason, TaskStatus
 from .types import Ending, RunOutcome
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def fail(run: Run, error: str) -> bool:
             return False
         wakeups.schedule_delivery(run.conversation_id)
         return True
-    ending = Ending(TaskStatus.FAILED, summary=error, error=error, reason="timed out")
+    ending = Ending(TaskStatus.FAILED, summary=error, error=error, reason=StopReason.TIMED_OUT)
     ended = store.end(run.task_id, run.id, ending, outcome=outcome)
     if ended.task is not None:
         lifecycle.announce(ended.task)

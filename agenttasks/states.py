@@ -52,6 +52,20 @@ class StopRequest(models.TextChoices):
     NOW = "now", "now"
 
 
+class StopReason(models.TextChoices):
+    """Why a task was cancelled or failed other than by its run (`Task.stop_reason`, the
+    `reason` of its `task.status` event)."""
+
+    NONE = "", "none"
+    STOPPED = "stopped", "stopped"
+    WHILE_QUEUED = "stopped while queued", "stopped while queued"
+    WHILE_AWAITING_INPUT = "stopped while awaiting input", "stopped while awaiting input"
+    AFTER_TURN = "stopped after the current turn", "stopped after the current turn"
+    INPUT_TIMED_OUT = "timed out waiting for input", "timed out waiting for input"
+    LEASE_EXPIRED = "lease expired", "lease expired"
+    TIMED_OUT = "timed out", "timed out at its deadline"
+
+
 class ActionKind(models.TextChoices):
     APPROVAL = "approval", "approval"
     QUESTION = "question", "question"

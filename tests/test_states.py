@@ -64,3 +64,14 @@ def test_the_store_refuses_a_change_the_table_forbids():
     assert task.status == TaskStatus.COMPLETED
     set_status(task, TaskStatus.PENDING)  # a re-opening comment
     assert task.status == TaskStatus.PENDING
+
+
+def test_every_stop_reason_is_the_contracts():
+    """Each StopReason is one of the words docs/lifecycle.md gives `stop_reason`, verbatim."""
+    from pathlib import Path
+
+    from agenttasks.states import StopReason
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "lifecycle.md").read_text()
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `status`, `stop_reason` |")]
+    assert [r for r in StopReason.values if r and f"`{r}`" not in row] == []

@@ -8,7 +8,7 @@ from .. import ids, signals, store, wakeups
 from ..conf import app_settings
 from ..exceptions import SpawnError, TaskNotFound
 from ..models import Run, Task
-from ..states import TERMINAL, OutcomeStatus, RunStatus, StopRequest, TaskStatus
+from ..states import TERMINAL, OutcomeStatus, RunStatus, StopReason, StopRequest, TaskStatus
 from ..types import ConversationRef, Ending, RunOutcome, TaskInfo, usage_shape
 from .base import check_agent, conversation_id_of, info, read
 from .effects import announce, launch, own_run_boundary, resume_if_settled
@@ -86,8 +86,8 @@ def _ending(
     reason = ""
     if status == TaskStatus.COMPLETED and graceful:
         status = TaskStatus.CANCELLED
-        summary = summary or "stopped after the current turn"
-        reason = "stopped after the current turn"
+        summary = summary or StopReason.AFTER_TURN.value
+        reason = StopReason.AFTER_TURN
     task_result = None
     if status == TaskStatus.COMPLETED or (status == TaskStatus.CANCELLED and full):
         task_result = outcome.task_result or {"content": full, "metadata": outcome.metadata}

@@ -9,7 +9,7 @@ from django.db import DatabaseError
 from .. import store
 from ..exceptions import AlreadyFinal, StoreError, TaskNotFound
 from ..models import Task
-from ..states import LIVE, TERMINAL, TaskStatus
+from ..states import LIVE, TERMINAL, StopReason, TaskStatus
 from ..types import ConversationRef, StopOutcome, TaskInfo
 from .base import conversation_id_of, info, read
 from .effects import announce
@@ -44,7 +44,7 @@ def _stop(task_id: str, graceful: bool) -> tuple[TaskInfo, bool]:
                 task.run_id,
                 TaskStatus.CANCELLED,
                 summary="stopped while awaiting approval",
-                reason="stopped while awaiting input",
+                reason=StopReason.WHILE_AWAITING_INPUT,
             )
         else:
             outcome = store.request_stop(task.id, task.run_id, graceful=graceful)
@@ -56,7 +56,9 @@ def _stop(task_id: str, graceful: bool) -> tuple[TaskInfo, bool]:
             if outcome is StopOutcome.ALREADY_FINISHED and pass_no == 1:
                 _settle(task)
                 continue
-            reason = "stopped" if outcome is StopOutcome.CANCELLED else "stopped while queued"
+            reason = (
+                StopReason.STOPPED if outcome is StopOutcome.CANCELLED else StopReason.WHILE_QUEUED
+            )
             won = store.finalize(
                 task.id, task.run_id, TaskStatus.CANCELLED, summary="stopped", reason=reason
             )

@@ -18,7 +18,7 @@ from .. import lifecycle, registry, store
 from ..conf import app_settings
 from ..exceptions import TaskError
 from ..models import PendingAction, Run, Task
-from ..states import LIVE, TERMINAL, RunStatus, TaskStatus
+from ..states import LIVE, TERMINAL, RunStatus, StopReason, TaskStatus
 from ..tools import ToolResult, ToolSpec
 from ..types import NewTask
 from .base import RunStopped
@@ -47,8 +47,7 @@ PARAMETERS = {
 }
 EMPTY_PROMPT = 'invalid arguments for task: property "prompt" must not be empty'
 NOT_STARTED = "; the subtask was not started"
-CLOSED_REASONS = ("stopped while queued", "stopped while awaiting input")
-LAPSED_REASON = "timed out waiting for input"
+CLOSED_REASONS = (StopReason.WHILE_QUEUED, StopReason.WHILE_AWAITING_INPUT)
 
 # Delegate tasks executing inline in this process, so a sibling call can join the execution.
 _inline: dict[str, threading.Event] = {}
@@ -332,7 +331,7 @@ def _result(ctx, child: Task, action: PendingAction | None) -> CallResult:
         error = child.error or child.result
         status = "incomplete" if BUDGET_PATTERN.match(error) else "error"
         return CallResult(ToolResult(f"[{status}] {error}", True, metadata), child.id)
-    if child.stop_reason == LAPSED_REASON:
+    if child.stop_reason == StopReason.INPUT_TIMED_OUT:
         lapsed = (
             PendingAction.objects.filter(conversation_id=child.conversation_id, status="expired")
             .order_by("-decided_at", "-created_at")

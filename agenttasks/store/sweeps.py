@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..models import PendingAction, Run, Task, Wakeup
-from ..states import RUN_ENDED, ActionStatus, RunStatus, TaskStatus, WakeupState
+from ..states import RUN_ENDED, ActionStatus, RunStatus, StopReason, TaskStatus, WakeupState
 from ..types import Ending, RunOutcome
 from .endings import ORPHAN_TEXT, end, finalize_locked
 from .locking import Log, hold_task, lock_open_action, lock_task, retried, run_finished
@@ -38,7 +38,9 @@ def fail_orphans() -> list[Task]:
     text = ORPHAN_TEXT
     for task_id, run_id in list(candidates):
         orphan = RunOutcome(None, TaskStatus.FAILED, error=text, append_message=False)
-        ending = Ending(TaskStatus.FAILED, summary=text, error=text, reason="lease expired")
+        ending = Ending(
+            TaskStatus.FAILED, summary=text, error=text, reason=StopReason.LEASE_EXPIRED
+        )
         ended = end(task_id, run_id, ending, outcome=orphan, lease_cutoff=cutoff)
         if ended.task is not None:
             failed.append(ended.task)
@@ -171,7 +173,7 @@ def expired_actions(action_ids: list[str] | None = None) -> list[PendingAction]:
 def expire_and_cancel(task_id: str, run_id: str, action_id: str) -> Task | None:
     """Apply `on_timeout: cancel`: the action expires and the task ends cancelled on its run."""
     now = timezone.now()
-    reason = "timed out waiting for input"
+    reason = StopReason.INPUT_TIMED_OUT
     with transaction.atomic():
         task = lock_task(task_id)
         action = lock_open_action(action_id)
