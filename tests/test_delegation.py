@@ -13,6 +13,7 @@ from django.utils import timezone
 from agenttasks import lifecycle, registry, store, wakeups, worker
 from agenttasks.conf import app_settings
 from agenttasks.exceptions import ActionPending, ConversationBusy, NotRetryable, TaskBusy
+from agenttasks.lifecycle import escalation as escalations
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime import delegation
 from agenttasks.runtime.base import Reply
@@ -674,7 +675,7 @@ def test_a_conversation_run_paused_on_an_escalation_resumes(escalation, user, re
     with pytest.raises(ConversationBusy):
         lifecycle.post_message(conversation.id, "are you there?")
     action = PendingAction.objects.get(status="pending")
-    assert [a.id for a, _ in delegation.pending_actions(conversation.id)] == [action.id]
+    assert [a.id for a, _ in escalations.pending_actions(conversation.id)] == [action.id]
     lifecycle.resolve_action(action.id, {"approved": True})
     run_to_idle(recording_queue)
     ended = Run.objects.get(pk=run_row.id)
@@ -776,7 +777,7 @@ def test_s21_two_children_paused_by_one_response(escalation, user, recording_que
     parent = paused(user, recording_queue)
     assert delegates().count() == 2
     first, second = PendingAction.objects.filter(status="pending").order_by("created_at", "id")
-    assert len(delegation.pending_actions(parent.conversation_id)) == 2
+    assert len(escalations.pending_actions(parent.conversation_id)) == 2
     lifecycle.resolve_action(first.id, {"approved": True})
     run_to_idle(recording_queue)
     assert Task.objects.get(run_id=first.run_id).status == "completed"
@@ -830,8 +831,8 @@ def test_s22_a_nested_escalation_unwinds_from_the_bottom(nested, user, recording
     assert {top.status, mid.status, asker.status} == {"waiting_for_input"}
     action = PendingAction.objects.get(status="pending")
     path = [top.conversation_id, mid.conversation_id, asker.conversation_id]
-    assert delegation.path_of(action.conversation_id) == path
-    assert [p for _, p in delegation.pending_actions(top.conversation_id)] == [path]
+    assert escalations.escalation_path(action.conversation_id) == path
+    assert [p for _, p in escalations.pending_actions(top.conversation_id)] == [path]
     assert tool_escalation(top)["pending"] == tool_escalation(mid)["pending"]
     assert tool_escalation(top)["pending"]["path"] == path
     status, body = rest(

@@ -4,8 +4,8 @@ shows it with its path, a person answers through the caller's conversation
 
 import pytest
 
+from agenttasks.lifecycle import escalation
 from agenttasks.models import Task
-from agenttasks.runtime import delegation
 
 from .fake_model import SECRET, answer, calls, run_to_idle
 
@@ -40,7 +40,7 @@ def test_an_escalated_approval_answered_over_rest_resumes_the_child_then_the_cal
     assert (status, body["task"]["status"]) == (200, "waiting_for_input")
     parent = Task.objects.get(pk=parent_id)
     child = Task.objects.get(kind="delegate")
-    ((action, path),) = delegation.pending_actions(parent.conversation_id)
+    ((action, path),) = escalation.pending_actions(parent.conversation_id)
     assert path == [parent.conversation_id, child.conversation_id]
     (shown,) = body["pendingActions"]
     assert (shown["id"], shown["kind"], shown["prompt"]) == (

@@ -35,9 +35,9 @@ from .conversations import (
     record_progress,
     update_conversation,
 )
-from .creation import create, spawn
+from .creation import create, delegate, spawn
 from .effects import announce, resume_if_settled
-from .endings import model_has_result, on_run_finished, take_owed
+from .endings import end_at_deadline, model_has_result, on_run_finished, take_owed
 from .reading import list_tasks, meta_for, status, wait_for
 from .recovery import delete_conversation, delete_owned_by, recover
 from .retries import retry, retry_refusal, retry_task
@@ -58,6 +58,8 @@ __all__ = [
     "comment_refusal",
     "conversation_id_of",
     "create",
+    "delegate",
+    "end_at_deadline",
     "create_conversation",
     "delete_conversation",
     "delete_owned_by",

@@ -16,6 +16,7 @@ from ..exceptions import (
     TaskLimit,
 )
 from ..models import Conversation, Run, Task
+from ..states import TaskKind
 from ..types import ConversationRef, NewTask, Owner, TaskInfo, default_label
 from .base import info, read
 from .effects import announce, launch, launch_durable
@@ -161,3 +162,45 @@ def spawn(
         task = read(task.id)  # the run may have moved on while it was being enqueued
     announce(task)
     return info(task, agent=agent.name)
+
+
+def delegate(
+    *,
+    conversation_id: str,
+    run_id: str,
+    owner: Owner,
+    definition: registry.AgentDef,
+    prompt: str,
+    depth: int,
+    key: str,
+    call_id: str,
+) -> Task:
+    """Create a `task` call's child (its hidden conversation and first run) and `task.delegated`.
+
+    Both commit at once, in the caller's conversation (docs/delegation.md); the caller runs the
+    child inline, so nothing is launched here.
+    """
+    with transaction.atomic():
+        child = store.create_task(
+            NewTask(
+                parent_conversation_id=conversation_id,
+                owner=owner,
+                agent=definition.id,
+                input=prompt,
+                kind=TaskKind.DELEGATE,
+                inherit=definition.snapshot(),
+                depth=depth,
+                parent_run_id=run_id,
+                tool_call_id=call_id,
+                delegation_key=key,
+            )
+        )
+        data = {
+            "taskId": child.id,
+            "agent": definition.id,
+            "toolCallId": call_id,
+            "runId": run_id,
+            "conversationId": child.conversation_id,
+        }
+        store.append_events(conversation_id, [("task.delegated", data, run_id, child.id)])
+    return child

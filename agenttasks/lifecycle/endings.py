@@ -268,3 +268,23 @@ def take_owed(conversation: ConversationRef) -> str:
         if task.run_id == item.run_id:
             model_has_result(info(task))
     return text
+
+
+def end_at_deadline(run: Run, error: str) -> bool:
+    """End a running run and its task `failed` with `error` (its deadline passed).
+
+    Returns whether this call ended it. A run without a task ends alone and its conversation's
+    waiting wake-ups are delivered (docs/lifecycle.md#deadlines).
+    """
+    outcome = RunOutcome(run.id, TaskStatus.FAILED, error=error, append_message=False)
+    if run.task_id is None:
+        if store.record_run_end(run.id, outcome) is None:
+            return False
+        wakeups.schedule_delivery(run.conversation_id)
+        return True
+    ending = Ending(TaskStatus.FAILED, summary=error, error=error, reason=StopReason.TIMED_OUT)
+    ended = store.end(run.task_id, run.id, ending, outcome=outcome)
+    if ended.task is not None:
+        announce(ended.task)
+    logger.info("deadline.reached run=%s task=%s error=%r", run.id, run.task_id, error)
+    return ended.recorded or ended.task is not None

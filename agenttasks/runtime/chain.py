@@ -6,35 +6,17 @@ for every call. They read rows only: nothing here executes a run.
 
 from .. import registry
 from ..conf import app_settings
-from ..models import Run, Task
+from ..lifecycle.escalation import caller_conversation, escalation_path
+from ..models import Run
 from ..states import TaskKind
 from .budget import CallerLink, Window
 
 DELEGATE = TaskKind.DELEGATE
 
 
-def _caller_conversation(conversation_id: str) -> str | None:
-    """The caller conversation of a delegate task's conversation (None at the top)."""
-    return (
-        Task.objects.filter(conversation_id=conversation_id, kind=DELEGATE)
-        .values_list("parent_conversation_id", flat=True)
-        .first()
-    )
-
-
-def path_of(conversation_id: str) -> list[str]:
-    """The conversations from the top of the delegation chain down to this one."""
-    path = [conversation_id]
-    while True:
-        parent = _caller_conversation(path[-1])
-        if not parent or parent in path:
-            return path[::-1]
-        path.append(parent)
-
-
 def depth_of(conversation_id: str) -> int:
     """The delegation depth of a run on this conversation (1 unless it is a delegate's)."""
-    return len(path_of(conversation_id))
+    return len(escalation_path(conversation_id))
 
 
 def detached_callers(ctx) -> list[CallerLink]:
@@ -56,5 +38,5 @@ def detached_callers(ctx) -> list[CallerLink]:
         except registry.UnknownAgent:
             agent = registry.AgentDef(id=run.agent)
         links.append(CallerLink(Window.for_run(run, agent)))
-        caller = _caller_conversation(caller)
+        caller = caller_conversation(caller)
     return links

@@ -17,13 +17,13 @@ from django.db import IntegrityError, connection, transaction
 from .. import lifecycle, registry, store
 from ..conf import app_settings
 from ..exceptions import TaskError
+from ..lifecycle.escalation import escalation_path
 from ..models import PendingAction, Run, Task
 from ..states import LIVE, TERMINAL, RunStatus, StopReason, TaskStatus
 from ..tools import ToolResult, ToolSpec
-from ..types import NewTask
 from .base import RunStopped
 from .budget import BUDGET_PATTERN, CallerLink
-from .chain import DELEGATE, path_of
+from .chain import DELEGATE
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +91,6 @@ def _refused(text: str) -> CallResult:
 # --- chains and children --------------------------------------------------------------------
 
 
-def pending_actions(conversation_id: str) -> list[tuple[PendingAction, list[str]]]:
-    """The pending actions of a conversation and its delegate descendants, with their paths.
-
-    This is what a caller's `pendingActions` lists (docs/rest.md#reading-a-task): its own actions and the ones
-    escalated to it, each answerable through any conversation on its path.
-    """
-    return [(a, path_of(a.conversation_id)) for a in store.pending_actions_below(conversation_id)]
-
-
 def stop_children(task_ids) -> None:
     """Stop delegate children through the lifecycle (their caller is stopping)."""
     for task_id in task_ids:
@@ -140,7 +131,16 @@ def call(ctx, budget, call_id: str, args: dict, *, replay: bool = False) -> Call
         _log_refused(ctx, agent_id, "budget")
         return _refused(message + NOT_STARTED)
     try:
-        child = _create(ctx, definition, prompt, key, call_id)
+        child = lifecycle.delegate(
+            conversation_id=ctx.conversation_id,
+            run_id=ctx.run_id,
+            owner=ctx.user,
+            definition=definition,
+            prompt=prompt,
+            depth=ctx.depth + 1,
+            key=key,
+            call_id=call_id,
+        )
     except IntegrityError:
         # An identical call won the race for the key: this one reattaches to its child.
         child = _find(ctx.conversation_id, key)
@@ -167,34 +167,6 @@ def _find(conversation_id: str, key: str) -> Task | None:
         .filter(parent_conversation_id=conversation_id, kind=DELEGATE, delegation_key=key)
         .first()
     )
-
-
-def _create(ctx, definition, prompt: str, key: str, call_id: str) -> Task:
-    """Create the child, its hidden conversation and first run, and `task.delegated`, at once."""
-    with transaction.atomic():
-        child = store.create_task(
-            NewTask(
-                parent_conversation_id=ctx.conversation_id,
-                owner=ctx.user,
-                agent=definition.id,
-                input=prompt,
-                kind=DELEGATE,
-                inherit=definition.snapshot(),
-                depth=ctx.depth + 1,
-                parent_run_id=ctx.run_id,
-                tool_call_id=call_id,
-                delegation_key=key,
-            )
-        )
-        data = {
-            "taskId": child.id,
-            "agent": definition.id,
-            "toolCallId": call_id,
-            "runId": ctx.run_id,
-            "conversationId": child.conversation_id,
-        }
-        store.append_events(ctx.conversation_id, [("task.delegated", data, ctx.run_id, child.id)])
-    return child
 
 
 def _reattach(ctx, budget, call_id: str, child: Task, replay: bool) -> CallResult:
@@ -318,7 +290,7 @@ def _result(ctx, child: Task, action: PendingAction | None) -> CallResult:
             "id": action.id,
             "kind": action.kind,
             "prompt": action.prompt,
-            "path": path_of(action.conversation_id),
+            "path": escalation_path(action.conversation_id),
         }
         logger.info(
             "delegation.escalated caller_run=%s task=%s action=%s", ctx.run_id, child.id, action.id

@@ -68,7 +68,7 @@ class Heartbeat:
         self.flag.timed_out = self.flag.timed_out or deadlines.timeout_text(self.timeout)
         self.flag.set("now")
         try:
-            deadlines.fail(self.run, self.flag.timed_out)
+            lifecycle.end_at_deadline(self.run, self.flag.timed_out)
         except Exception:
             logger.warning("heartbeat.expire_failed run=%s", self.run_id, exc_info=True)
         finally:

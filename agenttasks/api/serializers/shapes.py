@@ -15,8 +15,8 @@ from rest_framework import serializers
 
 from ... import files, lifecycle
 from ...conf import app_settings
+from ...lifecycle import escalation
 from ...models import Comment, Conversation, Event, PendingAction, Run, Task, TaskResult
-from ...runtime import delegation
 from ...states import (
     RUN_ACTIVE,
     RUN_ENDED,
@@ -320,7 +320,7 @@ def pending_actions(conversation_id: str, *, run_id: str | None = None) -> list[
     and `path` (docs/delegation.md#escalation).
     """
     out = []
-    for action, path in delegation.pending_actions(conversation_id):
+    for action, path in escalation.pending_actions(conversation_id):
         if action.conversation_id != conversation_id:
             body = PendingActionSerializer.present(action)
             out.append({**body, "conversationId": action.conversation_id, "path": path})

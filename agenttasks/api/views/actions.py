@@ -4,8 +4,8 @@ from rest_framework.response import Response
 
 from ... import lifecycle
 from ...exceptions import ActionNotFound, RunNotFound, TaskNotFound
+from ...lifecycle import escalation
 from ...models import PendingAction
-from ...runtime import delegation
 from ...states import ActionStatus
 from .. import errors
 from .. import serializers as s
@@ -52,10 +52,8 @@ class ActionView(ApiView):
     def post(self, request, conversationId, actionId):
         conversation = self.conversation(conversationId)
         action = PendingAction.objects.filter(pk=actionId).first() if plain_id(actionId) else None
-        if action is not None and action.conversation_id != conversation.id:
-            # An escalated action is answerable through any conversation on its path.
-            if conversation.id not in delegation.path_of(action.conversation_id):
-                action = None
+        if action is not None and not escalation.answerable_through(action, conversation.id):
+            action = None
         if action is None:
             raise errors.not_found(f"Action not found: {actionId}")
         answer = s.ActionAnswerSerializer.validated(self.body, action=action)
