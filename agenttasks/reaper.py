@@ -16,9 +16,6 @@ from django.utils import timezone
 
 from . import deliveries, health, lifecycle, metrics, queue, retention, store
 from .conf import app_settings
-from .models import PendingAction, Run, Task, Wakeup
-from .states import TaskStatus, WakeupState
-from .store.sweeps import lease_cutoff
 
 logger = logging.getLogger(__name__)
 
@@ -44,26 +41,16 @@ def preview() -> dict:
     now = timezone.now()
     held = queue.queued_runs(app_settings.REQUEUE_AFTER)
     return {
-        "orphans": list(
-            Task.objects.visible()
-            .filter(status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(lease_cutoff()))
-            .values_list("id", flat=True)
-        ),
+        "orphans": list(store.orphans(store.lease_cutoff()).values_list("id", flat=True)),
         "requeue": [
             run_id
             for run_id in store.stale_queued(now).values_list("id", flat=True)[:1000]
             if held is None or run_id not in held
         ],
-        "expired_actions": list(
-            PendingAction.objects.open().filter(deadline__lt=now).values_list("id", flat=True)
-        ),
+        "expired_actions": list(store.lapsed_actions(now).values_list("id", flat=True)),
         "overdue_deliveries": list(deliveries.overdue(now).values_list("pk", flat=True)[:1000]),
         "interrupted_deletes": store.interrupted_deletes(),
-        "owed_conversations": list(
-            Wakeup.objects.filter(state=WakeupState.PENDING)
-            .values_list("conversation_id", flat=True)
-            .distinct()
-        ),
+        "owed_conversations": store.conversations_owed(),
     }
 
 

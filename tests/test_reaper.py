@@ -66,3 +66,22 @@ def test_a_cluster_installs_the_schedule_itself(start_cluster):
         timeout=20,
         message="the reaper's schedule",
     )
+
+
+def test_the_dry_run_lists_what_the_pass_then_settles(user):
+    """The preview and the pass read the same sweep QuerySets (store.sweeps)."""
+    from agenttasks import reaper
+    from agenttasks.models import Wakeup
+
+    from .factories import ConversationFactory, WakeupFactory
+
+    task = orphaned(user)
+    agentless = WakeupFactory(conversation=ConversationFactory(owner=user, agent=""))
+    preview = reaper.preview()
+    assert preview["orphans"] == [task.id]
+    # An MCP client's conversation has no agent to wake: neither the preview nor the pass wakes it.
+    assert agentless.conversation_id not in preview["owed_conversations"]
+    reaper.reap()
+    assert Task.objects.get(pk=task.id).status == "failed"
+    assert Wakeup.objects.get(pk=agentless.pk).state == "pending"
+    assert reaper.preview()["orphans"] == []

@@ -1,7 +1,9 @@
 """The reaper's passes: orphans, stuck endings, dead conversation runs, requeues, lapsed actions.
 
 Several reapers may run at once (one per worker process, on every node): each write re-checks
-its predicate under the row locks, so two reapers never settle the same row twice.
+its predicate under the row locks, so two reapers never settle the same row twice. Each pass
+takes its candidates from a QuerySet here (`orphans`, `stale_queued`, `lapsed_actions`,
+`owed_wakeups`), which the reaper's dry run (`reaper.preview`) lists without writing.
 """
 
 from datetime import datetime, timedelta
@@ -26,14 +28,17 @@ def lease_cutoff() -> datetime:
     return timezone.now() - timedelta(seconds=app_settings.LEASE_TIMEOUT)
 
 
+def orphans(cutoff: datetime) -> models.QuerySet[Task]:
+    """Return the running tasks whose run has been silent since `cutoff` (its lease expired)."""
+    return Task.objects.visible().filter(
+        status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(cutoff)
+    )
+
+
 def fail_orphans() -> list[Task]:
     """Fail every running task whose run's lease expired, with its debt and events."""
     cutoff = lease_cutoff()
-    candidates = (
-        Task.objects.visible()
-        .filter(status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(cutoff))
-        .values_list("pk", "run_id")[:BATCH]
-    )
+    candidates = orphans(cutoff).values_list("pk", "run_id")[:BATCH]
     failed = []
     text = ORPHAN_TEXT
     for task_id, run_id in list(candidates):
@@ -147,26 +152,31 @@ def requeue_stale(queued_jobs: set[str] | None) -> list[str]:
     return sent
 
 
-def conversations_owed() -> list[str]:
-    """Conversations that have pending wake-ups and an agent to wake.
+def owed_wakeups() -> models.QuerySet[Wakeup]:
+    """Return the pending wake-ups of conversations that have an agent to wake.
 
     A conversation with no agent behind it (an MCP client's) is never woken: its owner pulls
     what it is owed (docs/lifecycle.md#wake-up-debt-and-notifications).
     """
-    return list(
-        Wakeup.objects.filter(state=WakeupState.PENDING)
-        .exclude(conversation__agent="")
-        .values_list("conversation_id", flat=True)
-        .distinct()[:1000]
-    )
+    return Wakeup.objects.filter(state=WakeupState.PENDING).exclude(conversation__agent="")
+
+
+def conversations_owed() -> list[str]:
+    """Return the conversations a pass wakes: those with pending wake-ups and an agent."""
+    return list(owed_wakeups().values_list("conversation_id", flat=True).distinct()[:1000])
+
+
+def lapsed_actions(now: datetime) -> models.QuerySet[PendingAction]:
+    """Return the open actions past their deadline, the earliest first."""
+    return PendingAction.objects.open().filter(deadline__lt=now).order_by("deadline")
 
 
 def expired_actions(action_ids: list[str] | None = None) -> list[PendingAction]:
-    """Open actions past their deadline (optionally only those ids)."""
-    actions = PendingAction.objects.open().filter(deadline__lt=timezone.now())
+    """Return the open actions past their deadline (optionally only those ids), a batch."""
+    actions = lapsed_actions(timezone.now())
     if action_ids is not None:
         actions = actions.filter(pk__in=action_ids)
-    return list(actions.order_by("deadline")[:BATCH])
+    return list(actions[:BATCH])
 
 
 @retried
