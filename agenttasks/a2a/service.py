@@ -79,14 +79,7 @@ def invalid(exc: api_errors.ApiError) -> InvalidParamsError:
 
 def find_task(call: Call, task_id: str) -> Task:
     """The caller's task of this agent; another user's task is not found either."""
-    task = None
-    if task_id and "\x00" not in task_id:
-        task = (
-            Task.objects.select_related("run")
-            .visible()
-            .filter(pk=task_id, agent=call.agent.id)
-            .first()
-        )
+    task = Task.objects.select_related("run").filter(agent=call.agent.id).named(task_id)
     if task is None or task.owner_id != call.owner_id:
         raise TaskNotFoundError(f"Task not found: {task_id}")
     return task

@@ -273,12 +273,8 @@ class TaskTools:
         """A task of the session's conversation; any other (another user's) does not exist."""
         task = (
             Task.objects.select_related("run")
-            .visible()
-            .filter(pk=task_id, parent_conversation_id=self.session.conversation_id)
-            .exclude(kind=TaskKind.DELEGATE)
-            .first()
-            if "\x00" not in task_id
-            else None
+            .spawned_from(self.session.conversation_id)
+            .named(task_id)
         )
         if task is None:
             raise TaskNotFound()

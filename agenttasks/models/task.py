@@ -19,6 +19,16 @@ class TaskQuerySet(models.QuerySet["Task"]):
         """A principal's tasks (None: the anonymous principal's), the lookup every surface uses."""
         return self.filter(owner_id=owner_id)
 
+    def named(self, task_id: str) -> "Task | None":
+        """Return the visible task with this id, or None (an id with a NUL names nothing).
+
+        The lookup of every surface; each then applies its own owner rule (REST answers 403,
+        A2A and MCP not found).
+        """
+        if "\x00" in task_id:
+            return None
+        return self.visible().filter(pk=task_id).first()
+
     def live(self) -> "TaskQuerySet":
         """Tasks that are pending, running or waiting for input."""
         return self.filter(status__in=LIVE)

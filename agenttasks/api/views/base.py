@@ -139,10 +139,8 @@ class ApiView(AppPolicies):
 
     def task(self, task_id: str, *, queryset=None) -> Task:
         """The task named in the path, if it exists and the principal owns it."""
-        if not plain_id(task_id):
-            raise errors.not_found(f"Task not found: {task_id}")
         rows = queryset if queryset is not None else task_rows()
-        task = rows.visible().filter(pk=task_id).first()
+        task = rows.named(task_id)
         if task is None:
             raise errors.not_found(f"Task not found: {task_id}")
         check_owner(self.request, task.owner_id, "task")
