@@ -45,6 +45,8 @@ from .models import WorkerProcess
 logger = logging.getLogger(__name__)
 
 EXECUTE_RUN = "agenttasks.worker.execute_run"
+# The ORM broker's table, which the create's SQL function writes a run's job into.
+ORMQ_TABLE = OrmQ._meta.db_table
 
 
 class DjangoQBackend:

@@ -7,6 +7,8 @@ then actions and wake-ups), re-checks its predicate on the locked rows, and appe
 
 from django.db import migrations
 
+from agenttasks.sql import on_postgres
+
 FORWARD = r"""
 -- A fresh id like agenttasks.ids: the prefix and 21 characters of the URL-safe alphabet.
 CREATE OR REPLACE FUNCTION agenttasks_new_id(p_prefix text) RETURNS text
@@ -423,19 +425,10 @@ DROP FUNCTION IF EXISTS agenttasks_new_id CASCADE;
 """
 
 
-def install(sql):
-    def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            with schema_editor.connection.cursor() as cursor:
-                cursor.execute(sql)
-
-    return run
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("agenttasks", "0004_run_counted_usage"),
         ("django_q", "0007_ormq"),  # agenttasks_create_task writes the first run's job there
     ]
 
-    operations = [migrations.RunPython(install(FORWARD), install(BACKWARD))]
+    operations = [migrations.RunPython(on_postgres(FORWARD), on_postgres(BACKWARD))]

@@ -10,6 +10,8 @@ writes its own shard (its backend pid modulo 8) so concurrent writers do not que
 
 from django.db import migrations, models
 
+from agenttasks.sql import on_postgres
+
 
 SHARD = "(pg_backend_pid() % 8)"
 
@@ -63,15 +65,6 @@ DROP TRIGGER IF EXISTS agenttasks_task_counted_delete ON agenttasks_task;
 DROP TRIGGER IF EXISTS agenttasks_task_counted_truncate ON agenttasks_task;
 DROP FUNCTION IF EXISTS agenttasks_count_tasks();
 """
-
-
-def on_postgres(sql):
-    def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            with schema_editor.connection.cursor() as cursor:
-                cursor.execute(sql)
-
-    return run
 
 
 class Migration(migrations.Migration):

@@ -10,8 +10,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from agenttasks.sql import read
-from agenttasks.states import NOTIFIED
+from agenttasks.sql import on_postgres, render
 
 DROP_V1 = """
 DROP TRIGGER IF EXISTS agenttasks_owe_deliveries ON agenttasks_task;
@@ -19,17 +18,8 @@ DROP FUNCTION IF EXISTS agenttasks_owe_deliveries_v1();
 """
 
 
-def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        statuses = ", ".join(f"'{status}'" for status in sorted(NOTIFIED))
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(read("deliveries_v1.sql").replace(":notified", statuses))
-
-
-def uninstall(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(DROP_V1)
+def install() -> str:
+    return render("deliveries_v1.sql")
 
 
 class Migration(migrations.Migration):
@@ -55,5 +45,5 @@ class Migration(migrations.Migration):
                 'verbose_name_plural': 'deliveries owed',
             },
         ),
-        migrations.RunPython(install, uninstall),
+        migrations.RunPython(on_postgres(install), on_postgres(DROP_V1)),
     ]

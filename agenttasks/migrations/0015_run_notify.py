@@ -3,7 +3,7 @@ notifies the worker processes listening on `agenttasks_runs` instead of writing 
 
 from django.db import migrations
 
-from agenttasks.sql import read
+from agenttasks.sql import on_postgres, read
 
 DROP_V2 = """
 DROP FUNCTION IF EXISTS agenttasks_create_task_v2(
@@ -11,19 +11,11 @@ DROP FUNCTION IF EXISTS agenttasks_create_task_v2(
 """
 
 
-def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(read("create_v2.sql"))
-
-
-def uninstall(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(DROP_V2)
+def install() -> str:
+    return read("create_v2.sql")
 
 
 class Migration(migrations.Migration):
     dependencies = [("agenttasks", "0014_deliveries")]
 
-    operations = [migrations.RunPython(install, uninstall)]
+    operations = [migrations.RunPython(on_postgres(install), on_postgres(DROP_V2))]

@@ -5,8 +5,7 @@ A task is created `pending` (the one pair from no status), so only updates are c
 
 from django.db import migrations
 
-from agenttasks.sql import read
-from agenttasks.states import TRANSITIONS
+from agenttasks.sql import on_postgres, render
 
 DROP_V1 = """
 DROP TRIGGER IF EXISTS agenttasks_task_transition ON agenttasks_task;
@@ -14,25 +13,11 @@ DROP FUNCTION IF EXISTS agenttasks_task_transition_v1();
 """
 
 
-def allowed_pairs() -> str:
-    """Return the table's pairs between two statuses as SQL text literals ('from>to')."""
-    pairs = sorted(f"'{src}>{dst}'" for src, dst in TRANSITIONS if src is not None)
-    return ", ".join(pairs)
-
-
-def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(read("task_transitions_v1.sql").replace(":allowed", allowed_pairs()))
-
-
-def uninstall(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(DROP_V1)
+def install() -> str:
+    return render("task_transitions_v1.sql")
 
 
 class Migration(migrations.Migration):
     dependencies = [("agenttasks", "0015_run_notify")]
 
-    operations = [migrations.RunPython(install, uninstall)]
+    operations = [migrations.RunPython(on_postgres(install), on_postgres(DROP_V1))]

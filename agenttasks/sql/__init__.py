@@ -1,12 +1,56 @@
-"""The SQL functions the migrations install on PostgreSQL: one file per version of a function.
+"""The SQL the migrations install on PostgreSQL: one file per version of a function.
 
 A later migration adds a file with the next version (`_v2`) instead of rewriting one that a
-database may already hold.
+database may already hold. What SQL and Python share is written into a file when a migration
+installs it (`render`): `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs
+of states.TRANSITIONS), `:ormq` (django-q2's queue table) and `:runs_channel` (the channel worker
+processes listen on), so each has one source. Migrations load it once the app registry is ready
+(it reads django-q2's model).
 """
 
+from collections.abc import Callable
 from importlib.resources import files
+from typing import Any
+
+from ..queue import ORMQ_TABLE, RUNS_CHANNEL
+from ..states import LIVE, NOTIFIED, TRANSITIONS
 
 
 def read(name: str) -> str:
     """Return the text of one of this package's `.sql` files."""
     return files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _literals(values) -> str:
+    return ", ".join(f"'{value}'" for value in sorted(values))
+
+
+def constants() -> dict[str, str]:
+    """Return the SQL text of each constant that SQL and Python share, by placeholder."""
+    return {
+        ":allowed": _literals(f"{src}>{dst}" for src, dst in TRANSITIONS if src is not None),
+        ":live": _literals(LIVE),
+        ":notified": _literals(NOTIFIED),
+        ":ormq": ORMQ_TABLE,
+        ":runs_channel": f"'{RUNS_CHANNEL}'",
+    }
+
+
+def render(name: str) -> str:
+    """Return a `.sql` file with the shared constants written in."""
+    text = read(name)
+    # Longest first, so that no placeholder is the start of another one.
+    for placeholder, value in sorted(constants().items(), key=lambda item: -len(item[0])):
+        text = text.replace(placeholder, value)
+    return text
+
+
+def on_postgres(sql: str | Callable[[], str]) -> Callable[[Any, Any], None]:
+    """Return a migration step that runs `sql` (or what it returns) on PostgreSQL only."""
+
+    def run(apps, schema_editor) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            with schema_editor.connection.cursor() as cursor:
+                cursor.execute(sql() if callable(sql) else sql)
+
+    return run

@@ -1,10 +1,11 @@
 """The hot transitions on PostgreSQL, each one statement: create, claim and end.
 
-Each calls a SQL function that migration 0005 installs (as procrastinate does for its jobs). The
-function takes the same row locks in the same order as the ORM path (`store.locking`), re-checks
-the same run-bound predicate on the locked rows, writes, and appends the events; the rows come
-back as JSON, so nothing is read again. The ORM path (SQLite) keeps the same contract, and the
-store's conformance tests run on both.
+Each calls a versioned SQL function of `agenttasks/sql/` (`agenttasks_create_task_v3`,
+`agenttasks_claim_v1`, `agenttasks_claim_runs_v1`, `agenttasks_end_v1`), as procrastinate does
+for its jobs. The function takes the same row locks in the same order as the ORM path
+(`store.locking`), re-checks the same run-bound predicate on the locked rows, writes, and appends
+the events; the rows come back as JSON, so nothing is read again. The ORM path (SQLite) keeps the
+same contract: the differential test (tests/test_store_differential.py) runs both on PostgreSQL.
 """
 
 import functools
@@ -151,7 +152,7 @@ def create(
     'created', or why not: 'owner_limit', 'parent_gone' or 'parent_cap'.
     """
     verdict: str = _call(
-        "agenttasks_create_task_v2",
+        "agenttasks_create_task_v3",
         JSON(row(conversation)),
         JSON(row(run)),
         JSON(row(task)),
@@ -213,7 +214,7 @@ def end(
         params["after_turn"] = _ending(after_turn)
     if lease_cutoff is not None:
         params["lease_cutoff"] = lease_cutoff
-    answer = _answer(_call("agenttasks_end", JSON(params)))
+    answer = _answer(_call("agenttasks_end_v1", JSON(params)))
     if answer.get("missing"):
         raise TaskNotFound()
     task = _linked(answer)[0] if answer.get("task") is not None else None
