@@ -310,7 +310,8 @@ def test_django_q2_timeout_does_not_cut_a_run_in_a_slot(start_cluster, user):
     cluster = start_cluster(workers=1, env={"Q_TIMEOUT": "2"}, MAX_ACTIVE_TASKS_PER_USER=0)
     (task,) = slow_tasks(user, 1, 4)
     wait_for(lambda: settled([task]), timeout=30, message="the four-second task")
-    assert Task.objects.get(pk=task.id).status == "completed"
+    ended = Task.objects.get(pk=task.id)
+    assert ended.status == "completed", ended.error
     assert len(cluster.started_worker_pids()) == 1  # nothing was killed
 
 
