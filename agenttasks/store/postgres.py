@@ -5,7 +5,7 @@ Each calls a versioned SQL function of `agenttasks/sql/` (`agenttasks_create_tas
 for its jobs. The function takes the same row locks in the same order as the ORM path
 (`store.locking`), re-checks the same run-bound predicate on the locked rows, writes, and appends
 the events; the rows come back as JSON, so nothing is read again. The ORM path (SQLite) keeps the
-same contract: the differential test (tests/test_store_differential.py) runs both on PostgreSQL.
+same contract: the differential test (tests/store/test_differential.py) runs both on PostgreSQL.
 """
 
 import functools

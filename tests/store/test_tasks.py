@@ -1,13 +1,14 @@
-"""The store: every operation's win, lose and unknown-id answers, and scenarios 7.7–7.8 of docs/lifecycle.md."""
+"""The store's task transitions (store/tasks.py): create, claim, retry, advance, pause and answer,
+re-open and stop; each one's win, lose and unknown-id answers."""
 
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError, connection
-from django.test.utils import CaptureQueriesContext, override_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agenttasks import ids, store, wakeups
+from agenttasks import ids, store
 from agenttasks.exceptions import (
     ConversationNotFound,
     RunNotFound,
@@ -15,58 +16,15 @@ from agenttasks.exceptions import (
     TaskLimit,
     TaskNotFound,
 )
-from agenttasks.models import (
-    Comment,
-    Conversation,
-    Event,
-    PendingAction,
-    Run,
-    Task,
-    TaskResult,
-    Wakeup,
-)
-from agenttasks.states import LIVE, TERMINAL, TaskStatus
+from agenttasks.models import Comment, Conversation, PendingAction, Run, Task, TaskResult, Wakeup
+from agenttasks.states import TaskStatus
 from agenttasks.types import ActionRequest, NewTask, RunOutcome, StopOutcome
 
-from .conftest import failing_inserts, on_postgres
-from .factories import ConversationFactory, TaskFactory
+from ..conftest import on_postgres
+from ..factories import TaskFactory
+from .support import APPROVAL, failed, reload, spawn, started, statements
 
 pytestmark = pytest.mark.django_db
-
-APPROVAL = ActionRequest(
-    kind="approval", tool_name="deploy", tool_call_id="call-1", args={"env": "prod"}
-)
-
-
-def spawn(parent, *, cap=None, **kw):
-    kw.setdefault("agent", "worker")
-    kw.setdefault("input", "do it")
-    kw.setdefault("label", "job")
-    new = NewTask(parent_conversation_id=parent.pk, owner=parent.owner, **kw)
-    return store.create_task(new, parent_cap=cap)
-
-
-def started(parent, **kw):
-    """A spawned task whose run a live worker holds."""
-    task = spawn(parent, **kw)
-    assert store.claim(task.run_id, "w1")
-    return Task.objects.get(pk=task.pk)
-
-
-def failed(parent, reason="rate limited", **kw):
-    task = started(parent, **kw)
-    assert store.finalize(task.id, task.run_id, "failed", summary=reason, result=reason)
-    return Task.objects.get(pk=task.pk)
-
-
-def reload(task):
-    return Task.objects.select_related("run", "conversation").get(pk=task.pk)
-
-
-def statements(captured):
-    """The captured SQL statements, without transaction control."""
-    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT")
-    return [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(control)]
 
 
 # --- create_task / discard_spawn -------------------------------------------------------------
@@ -210,138 +168,6 @@ class TestClaim:
         # PostgreSQL: one call of agenttasks_claim_run. The ORM: lock task+conversation+run,
         # UPDATE run, UPDATE task, INSERT events.
         assert len(statements(captured)) == (1 if on_postgres() else 4), statements(captured)
-
-
-# --- record_run_end --------------------------------------------------------------------------
-
-
-class TestRecordRunEnd:
-    def test_records_outcome_and_leaves_the_task(self, parent):
-        task = started(parent)
-        outcome = RunOutcome(
-            task.run_id, "completed", text="ok", usage={"inputTokens": 1, "outputTokens": 2}
-        )
-        run = store.record_run_end(task.run_id, outcome)
-        assert run.status == "completed" and run.output == "ok" and run.total_tokens == 3
-        assert reload(task).status == "running"
-        types = list(task.conversation.events.values_list("type", flat=True))
-        assert types[-2:] == ["message.assistant", "run.finished"]
-
-    def test_second_end_loses(self, parent):
-        task = started(parent)
-        assert store.record_run_end(task.run_id, RunOutcome(task.run_id, "failed", error="x"))
-        assert store.record_run_end(task.run_id, RunOutcome(task.run_id, "completed")) is None
-        assert Run.objects.get(pk=task.run_id).error == "x"
-
-    def test_unknown_run(self, db):
-        with pytest.raises(RunNotFound):
-            store.record_run_end("run_nope", RunOutcome("run_nope", "completed"))
-
-
-# --- finalize --------------------------------------------------------------------------------
-
-
-class TestFinalize:
-    def test_is_run_bound(self, parent):
-        # 7.7.2
-        task = started(parent)
-        assert store.finalize(task.id, "run_other", "completed", result="r") is None
-        won = store.finalize(
-            task.id, task.run_id, "completed", summary="s", result="r", state={"n": 1}
-        )
-        assert won
-        task = reload(task)
-        assert (task.status, task.summary, task.result, task.state) == (
-            "completed",
-            "s",
-            "r",
-            {"n": 1},
-        )
-        assert task.finished_at is not None
-        assert store.finalize(task.id, task.run_id, "failed", result="late") is None
-        assert reload(task).status == "completed"
-
-    def test_failed_writes_error_and_debt(self, parent):
-        task = started(parent)
-        assert store.finalize(task.id, task.run_id, "failed", summary="boom", result="boom!")
-        task = reload(task)
-        assert task.error == "boom!"
-        debt = Wakeup.objects.get()
-        assert (debt.status, debt.state, debt.run_id, debt.conversation_id) == (
-            "failed",
-            "pending",
-            task.run_id,
-            parent.id,
-        )
-        assert debt.truncated  # the result is longer than the summary
-
-    def test_cancellation_owes_nothing_and_ends_a_queued_run(self, parent):
-        task = spawn(parent)
-        assert store.finalize(
-            task.id, task.run_id, "cancelled", summary="stopped", reason="stopped"
-        )
-        task = reload(task)
-        assert task.run.status == "cancelled" and not Wakeup.objects.exists()
-        last = task.conversation.events.order_by("-seq").first()
-        assert last.data["reason"] == "stopped" and last.data["from"] == "pending"
-
-    def test_running_run_gets_the_stop_request(self, parent):
-        task = started(parent)
-        assert store.finalize(task.id, task.run_id, "cancelled")
-        run = reload(task).run
-        assert run.status == "running" and run.stop_request == "now"
-
-    def test_paused_run_and_its_actions_end_with_it(self, parent):
-        task = started(parent)
-        assert store.pause(task.id, task.run_id, actions=[APPROVAL])
-        assert store.finalize(
-            task.id, task.run_id, "cancelled", summary="stopped while awaiting approval"
-        )
-        assert reload(task).run.status == "cancelled"
-        assert PendingAction.objects.get().status == "cancelled"
-
-    def test_writes_the_task_result(self, parent):
-        task = started(parent)
-        store.finalize(
-            task.id,
-            task.run_id,
-            "completed",
-            result="r",
-            task_result={"content": "r", "usage": {"inputTokens": 1}},
-        )
-        assert TaskResult.objects.get(task=task).content == "r"
-
-    def test_unknown_task(self, db):
-        with pytest.raises(TaskNotFound, match="tasks: not found"):
-            store.finalize("task_nope", "run_x", "completed")
-
-    def test_no_debt_without_parent_or_for_delegates(self, parent, user):
-        solo = store.create_task(NewTask(owner=user, agent="worker", input="x"))
-        store.claim(solo.run_id)
-        assert store.finalize(solo.id, solo.run_id, "completed", result="r")
-        child = spawn(parent, kind="delegate")
-        assert store.finalize(child.id, child.run_id, "failed", result="r")
-        assert not Wakeup.objects.exists()
-
-    def test_debt_is_atomic_with_the_ending(self, parent):
-        # 7.9.6: an error after the status write, inside the transaction, keeps neither.
-        task = started(parent)
-        with failing_inserts("agenttasks_wakeup"), pytest.raises(DatabaseError):
-            store.finalize(task.id, task.run_id, "completed", result="r")
-        assert reload(task).status == "running" and not Wakeup.objects.exists()
-        assert store.finalize(task.id, task.run_id, "completed", result="r")
-        assert Wakeup.objects.count() == 1
-
-    @pytest.mark.django_db(transaction=True)
-    def test_statement_count_with_debt(self, parent):
-        task = started(parent)
-        store.record_run_end(task.run_id, RunOutcome(task.run_id, "completed", text="ok"))
-        with CaptureQueriesContext(connection) as captured:
-            assert store.finalize(task.id, task.run_id, "completed", summary="ok", result="ok")
-        # PostgreSQL: one call of agenttasks_end (its trigger records the deliveries owed). The
-        # ORM: lock task+conversation+run, lock parent, UPDATE task, look up its push configs
-        # (none: no delivery owed, no insert), INSERT wake-up, INSERT events.
-        assert len(statements(captured)) == (1 if on_postgres() else 6), statements(captured)
 
 
 # --- retry_claim / release_retry_claim -------------------------------------------------------
@@ -606,197 +432,3 @@ class TestRequestStop:
         Run.objects.filter(pk=task.run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
         assert store.request_stop(task.id, task.run_id, graceful=True) is StopOutcome.UNKNOWN_RUN
         assert reload(task).run.stop_request == ""
-
-
-# --- fail_orphans ----------------------------------------------------------------------------
-
-
-class TestFailOrphans:
-    def test_keeps_paused_tasks(self, parent):
-        # 7.7.9
-        old = timezone.now() - timedelta(hours=1)
-        orphan = started(parent)
-        paused = started(parent)
-        fresh = started(parent)
-        store.pause(paused.id, paused.run_id, actions=[APPROVAL])
-        Run.objects.filter(pk__in=[orphan.run_id, paused.run_id]).update(heartbeat_at=old)
-        result = store.fail_orphans()
-        assert [t.id for t in result] == [orphan.id] and result[0].status == "failed"
-        orphan = reload(orphan)
-        assert orphan.summary == orphan.error == "The server stopped while the task was running"
-        assert orphan.run.status == "failed"
-        assert reload(paused).status == "waiting_for_input" and reload(fresh).status == "running"
-        assert Wakeup.objects.get().task_id == orphan.id
-        last = orphan.conversation.events.order_by("-seq").first()
-        assert last.data["reason"] == "lease expired" and last.data["from"] == "running"
-        assert store.fail_orphans() == []
-
-
-# --- listings, round trips, database-level guarantees (7.7.1, 7.7.10, 7.8) -------------------
-
-
-class TestListingsAndRoundTrips:
-    def test_create_and_read_back(self, parent):
-        # 7.7.1
-        task = spawn(parent, kind="sequence", state={"a": [1, 2.5, None, "é"], "b": {"c": True}})
-        read = Task.objects.read(task.id)
-        assert read.kind == "sequence" and read.state == {
-            "a": [1, 2.5, None, "é"],
-            "b": {"c": True},
-        }
-        with pytest.raises(TaskNotFound):
-            Task.objects.read("task_nope")
-        assert Task.objects.get(conversation=task.conversation).id == task.id
-
-    def test_every_field_round_trips(self, parent, parent_run):
-        # 7.8.1
-        task = spawn(
-            parent,
-            kind="k",
-            state={"s": 1},
-            inherit={"id": "worker", "tools": ["t"]},
-            depth=2,
-            parent_run_id=parent_run.pk,
-            tool_call_id="call-1",
-            callback_url="https://example.com/cb",
-            metadata={"m": 1},
-        )
-        read = Task.objects.read(task.id)
-        for field in (
-            "agent",
-            "input",
-            "label",
-            "kind",
-            "state",
-            "inherit",
-            "depth",
-            "parent_run_id",
-            "tool_call_id",
-            "callback_url",
-            "metadata",
-            "owner_id",
-            "parent_conversation_id",
-            "conversation_id",
-            "run_id",
-            "attempt",
-            "status",
-        ):
-            assert getattr(read, field) == getattr(task, field), field
-
-    def test_listings_and_discard(self, parent):
-        # 7.7.10 and 7.8.4
-        first = spawn(parent)
-        second = started(parent)
-        third = spawn(parent)
-        store.finalize(second.id, second.run_id, "completed")
-        assert {t.id for t in Task.objects.spawned_from(parent.id).live()} == {first.id, third.id}
-        assert [t.id for t in Task.objects.spawned_from(parent.id).newest_first()] == [
-            third.id,
-            second.id,
-            first.id,
-        ]
-        store.discard_spawn(third.id)
-        with pytest.raises(TaskNotFound):
-            Task.objects.read(third.id)
-
-    def test_live_listing_matches_terminal(self, parent):
-        # 7.8.5
-        made = {
-            status: TaskFactory(status=status, parent_conversation=parent)
-            for status in TaskStatus.values
-        }
-        live = {t.id for t in Task.objects.spawned_from(parent.id).live()}
-        for status, task in made.items():
-            assert (task.id in live) == (status not in TERMINAL)
-        assert LIVE | TERMINAL == set(TaskStatus.values) and not LIVE & TERMINAL
-
-    def test_wakeup_bookkeeping_does_not_move_the_task(self, parent):
-        # 7.8.3 (adapted)
-        tasks = [started(parent) for _ in range(3)]
-        for task in tasks:
-            store.finalize(task.id, task.run_id, "completed", result="r")
-        stamps = {t.id: reload(t).updated_at for t in tasks}
-        assert wakeups.consume(tasks[0].id, tasks[0].run_id)
-        delivery = Run.objects.create(conversation=parent, agent="default", trigger="wakeup")
-        assert wakeups.mark_delivered([Wakeup.objects.get(task=tasks[1])], delivery.id) == 1
-        Wakeup.objects.filter(task=tasks[2]).update(state="dropped")
-        assert {t.id: reload(t).updated_at for t in tasks} == stamps
-
-    def test_task_without_parent_conversation(self, user):
-        # 7.8.9 (adapted; the model tools' side is covered with them)
-        task = store.create_task(NewTask(owner=user, agent="worker", input="x"))
-        assert Task.objects.get(conversation=task.conversation).id == task.id
-        assert task.parent_conversation_id is None
-        store.claim(task.run_id)
-        assert store.finalize(task.id, task.run_id, "completed", result="r")
-        assert not Wakeup.objects.exists()
-
-
-class TestDeleteTree:
-    def test_rows_do_not_outlive_their_conversation(self, parent):
-        # 7.8.8
-        task = started(parent)
-        Run.objects.filter(pk=task.run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
-        store.mark_deleting(parent.id)
-        store.delete_tree(parent.id)
-        assert not Task.objects.filter(pk=task.id).exists()
-        fresh = ConversationFactory()
-        assert not Task.objects.spawned_from(fresh.id).exists()
-        assert store.fail_orphans() == []
-
-    @override_settings(AGENTTASKS={"MAX_DEPTH": 2})
-    def test_deleting_removes_the_task_tree(self, parent):
-        # 7.8.10
-        child = started(parent)
-        grandchild = started(child.conversation, depth=2)
-        store.finalize(grandchild.id, grandchild.run_id, "completed", result="r")
-        store.finalize(child.id, child.run_id, "completed", result="r")
-        unrelated = ConversationFactory()
-        store.append_events(unrelated.id, [("message.user", {"content": "hi"}, "", "")])
-        tree = store.mark_deleting(parent.id)
-        assert set(tree) == {parent.id, child.conversation_id, grandchild.conversation_id}
-        store.delete_tree(parent.id)
-        assert not Conversation.objects.filter(pk__in=tree).exists()
-        assert not Task.objects.exists() and not Wakeup.objects.exists()
-        assert not Run.objects.filter(conversation_id__in=tree).exists()
-        assert not Event.objects.filter(conversation_id__in=tree).exists()
-        assert Event.objects.filter(conversation=unrelated).count() == 1
-
-    def test_the_cascade_follows_live_edges_only(self, parent):
-        # 7.8.11: task rows that name the root as parent, but whose own conversation is visible
-        # or hangs under another conversation, do not drag those conversations along.
-        other = ConversationFactory(owner=parent.owner)
-        visible = TaskFactory(
-            status=TaskStatus.COMPLETED,
-            parent_conversation=parent,
-            conversation=ConversationFactory(owner=parent.owner),
-        )
-        foreign = TaskFactory(
-            status=TaskStatus.COMPLETED,
-            parent_conversation=parent,
-            conversation=ConversationFactory(owner=parent.owner, hidden=True, parent=other),
-        )
-        store.append_events(
-            visible.conversation_id, [("message.user", {"content": "keep"}, "", "")]
-        )
-        store.delete_tree(parent.id)
-        assert Conversation.objects.filter(pk=visible.conversation_id).exists()
-        assert Conversation.objects.filter(pk=foreign.conversation_id).exists()
-        assert Event.objects.filter(conversation_id=visible.conversation_id).count() == 1
-        assert not Task.objects.filter(pk__in=[visible.id, foreign.id]).exists()
-
-    def test_unknown_conversation(self, db):
-        with pytest.raises(ConversationNotFound):
-            store.mark_deleting("conv_nope")
-
-
-class TestEventLog:
-    def test_seq_has_no_gaps_and_moves_the_conversation(self, parent):
-        before = Conversation.objects.get(pk=parent.pk).updated_at
-        store.append_events(
-            parent.id, [("message.user", {"content": str(i)}, "", "") for i in range(3)]
-        )
-        store.append_events(parent.id, [("message.assistant", {"content": "ok"}, "", "")])
-        assert list(parent.events.values_list("seq", flat=True)) == [1, 2, 3, 4]
-        parent.refresh_from_db()
-        assert parent.last_seq == 4 and parent.updated_at >= before

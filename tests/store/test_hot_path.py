@@ -13,7 +13,7 @@ from agenttasks.exceptions import ActiveTaskLimit
 from agenttasks.models import Event, Task, Wakeup
 from agenttasks.types import Ending, NewTask, RunOutcome
 
-from .conftest import run_threads
+from ..conftest import run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

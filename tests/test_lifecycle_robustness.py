@@ -1,8 +1,8 @@
-"""agenttasks additions to the lifecycle: scenarios 7.9.1–7.9.18 of docs/lifecycle.md, and a
-cross-process wait.
+"""The lifecycle under double deliveries, re-openings, leases and other processes: scenarios
+7.9.1–7.9.18 of docs/lifecycle.md ("Additions"), and a cross-process wait.
 
-Store-level halves of some scenarios live in test_store.py / test_store_concurrency.py (7.9.1,
-7.9.2, 7.9.3, 7.9.6 in the store, 7.9.16 in test_conf.py); the tests here drive the same
+Store-level halves of some scenarios live in tests/store/ (7.9.1, 7.9.2, 7.9.3, 7.9.6; 7.9.16
+in test_conf.py); the tests here drive the same
 scenarios through the lifecycle, with real commits, and add what those do not cover. 7.9.15
 (quoting) is in test_notifications.py.
 
@@ -587,7 +587,7 @@ def test_7_9_11_the_sweep_is_safe_beside_retries(parent, parent_run, recording_q
 def test_7_9_12_the_continuation_counter_is_shared(parent, parent_run, peer):
     """Runs 1 and 3 end in this process, run 2 in another: the ceiling is the persisted count."""
     overrides = {
-        "CONTINUE": {"loop": "tests.test_lifecycle_additions.always_continue"},
+        "CONTINUE": {"loop": "tests.test_lifecycle_robustness.always_continue"},
         "MAX_CONTINUATIONS": 2,
     }
     other = peer(**overrides)

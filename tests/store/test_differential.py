@@ -18,21 +18,13 @@ from django.utils import timezone
 
 from agenttasks import store
 from agenttasks.exceptions import TransitionError
-from agenttasks.models import (
-    Delivery,
-    Event,
-    PendingAction,
-    Run,
-    Task,
-    TaskResult,
-    Wakeup,
-)
+from agenttasks.models import Delivery, Event, PendingAction, Run, Task, TaskResult, Wakeup
 from agenttasks.states import TaskStatus, is_allowed
 from agenttasks.store import postgres
 from agenttasks.store.rows import set_status
 from agenttasks.types import ActionRequest, Ending, NewTask, RunOutcome
 
-from .factories import ConversationFactory, TaskFactory
+from ..factories import ConversationFactory, TaskFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 

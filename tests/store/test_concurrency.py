@@ -15,7 +15,7 @@ from agenttasks.models import PendingAction, Run, Task, Wakeup
 from agenttasks.store.locking import retried
 from agenttasks.types import ActionRequest, NewTask
 
-from .conftest import on_postgres, run_threads
+from ..conftest import on_postgres, run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
