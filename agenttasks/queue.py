@@ -362,6 +362,9 @@ def on_job_end(receiver) -> None:
     post_execute_in_worker.connect(ended, dispatch_uid="agenttasks.job_end", weak=False)
 
 
+ORPHAN_CHECK = 1.0  # seconds between a waiting worker's looks at whether its sentinel lives
+
+
 def guard_task_queue() -> None:
     """Make this worker read its jobs under a lock that a killed worker cannot keep.
 
@@ -371,21 +374,28 @@ def guard_task_queue() -> None:
     job again; a worker that holds runs in its slots waits for jobs nearly all the time. So here
     a worker waits for data holding nothing, and reads a job that has arrived under a POSIX
     record lock on a file its sibling workers share, which the kernel releases when its holder
-    dies.
+    dies. A worker whose sentinel died stops (ORPHAN_CHECK) instead of waiting for good.
     """
     process = multiprocessing.current_process()
     task_queue: Any = (getattr(process, "_args", None) or (None,))[0]
     if not all(hasattr(task_queue, name) for name in ("_reader", "_recv_bytes", "_sem")):
         logger.warning("queue.unguarded: django-q2's task queue is not the one expected")
         return
+    sentinel = os.getppid()
     # One file per sentinel: its workers, the first ones and those it starts later, share it.
-    path = os.path.join(tempfile.gettempdir(), f"agenttasks-queue-{os.getppid()}.lock")
+    path = os.path.join(tempfile.gettempdir(), f"agenttasks-queue-{sentinel}.lock")
     lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     loads = multiprocessing.reduction.ForkingPickler.loads
 
     def get(block=True, timeout=None):
         while True:
-            task_queue._reader.poll(None)  # until a job arrives, holding nothing
+            # Until a job arrives, holding nothing. A worker whose sentinel is gone gets no job
+            # again and no stop either (a sentinel that dies mid-stop may just have started it):
+            # it stops as django-q2 would stop it, finishing the runs it holds.
+            while not task_queue._reader.poll(ORPHAN_CHECK):
+                if os.getppid() != sentinel:
+                    logger.warning("queue.sentinel_gone pid=%d: the worker stops", os.getpid())
+                    return "STOP"
             fcntl.lockf(lock, fcntl.LOCK_EX)
             try:
                 if not task_queue._reader.poll(0):

@@ -87,10 +87,18 @@ class Cluster:
                 self._ready.set()
 
     def kill(self) -> None:
-        """SIGKILL the whole cluster (sentinel, workers, pusher, monitor): a machine dying."""
-        if self.process and self.process.poll() is None:
+        """SIGKILL the whole cluster (sentinel, workers, pusher, monitor): a machine dying.
+
+        The whole process group, even when its first process has ended: a worker left behind
+        would go on serving this test database to the tests that follow.
+        """
+        if self.process is None:
+            return
+        try:
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        except ProcessLookupError:
+            pass  # nothing of the group is left
+        self.process.wait(10)
         end_sessions(self.application_name)
 
     def stop(self) -> None:

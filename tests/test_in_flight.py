@@ -274,6 +274,30 @@ def test_graceful_stop_claims_nothing_more_and_gives_runs_their_grace(start_clus
         wait_for(lambda: Task.objects.get(pk=late.id).status == "completed", timeout=20)
 
 
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie nobody reaps has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_whose_sentinel_died_finishes_its_runs_and_stops(start_cluster, user):
+    """A worker left without its sentinel (killed, or dead mid-stop after starting a worker)
+    gets no job and no stop again: it stopped nothing and served the database for good."""
+    cluster = start_cluster(workers=1, SHUTDOWN_GRACE=20, MAX_ACTIVE_TASKS_PER_USER=0)
+    (task,) = slow_tasks(user, 1, 2)
+    wait_for(lambda: running([task]) == 1, timeout=20, message="the task running")
+    (pid,) = cluster.started_worker_pids()
+    with open(f"/proc/{pid}/stat") as stat:
+        sentinel = int(stat.read().rsplit(")", 1)[1].split()[1])
+    os.kill(sentinel, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), timeout=20, message="the orphaned worker gone")
+    assert Task.objects.get(pk=task.id).status == "completed"
+    assert "queue.sentinel_gone" in cluster.log()
+
+
 def test_a_sigterm_to_the_whole_process_group_ends_the_cluster(start_cluster, user):
     """systemd and a terminal's Ctrl-C signal every process of the group: django-q2's sentinel
     died of it and its main process hung in the stop (every time, 3 rounds); now it ends, and
