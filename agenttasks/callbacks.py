@@ -99,7 +99,7 @@ def _global(ip) -> bool:
 
 
 def is_public(address: str) -> bool:
-    """Whether an address is global: not loopback, private, link-local, shared, reserved, …
+    """Say whether an address is global: not loopback, private, link-local, shared, reserved, …
 
     An IPv6 address that embeds an IPv4 address (mapped, 6to4, Teredo, NAT64) is public only if
     the embedded address is too: a relay or translator would deliver to it.
@@ -114,7 +114,7 @@ def is_public(address: str) -> bool:
 
 
 def allowed_port(scheme: str, port: int, host: str) -> bool:
-    """Whether callbacks may go to this port (CALLBACK_ALLOWED_PORTS).
+    """Say whether callbacks may go to this port (CALLBACK_ALLOWED_PORTS).
 
     By default: the scheme's own port (80, 443), and any port of a host in
     CALLBACK_ALLOWED_HOSTS. A list, when set, is the whole policy.

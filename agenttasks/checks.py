@@ -16,7 +16,7 @@ REQUIRED_APPS = ("rest_framework", "django_q")
 
 @register(Tags.compatibility)
 def check_required_apps(app_configs=None, **kwargs):
-    """Every app agenttasks relies on is installed."""
+    """Check that every app agenttasks relies on is installed."""
     return [
         Error(
             f"agenttasks needs {name!r} in INSTALLED_APPS.",
@@ -67,7 +67,7 @@ def check_settings(app_configs=None, **kwargs):
 
 @register()
 def check_agents(app_configs=None, **kwargs):
-    """Every agent definition loads; warn about what will not work as written."""
+    """Check that every agent definition loads; warn about what will not work as written."""
     registry.reset()
     try:
         agents = registry.agents()
@@ -187,7 +187,7 @@ def unresettable_pools(wrappers) -> list[str]:
 
 @register()
 def check_fork_safety(app_configs=None, **kwargs):
-    """Connections must not be shared by the processes django-q2 forks."""
+    """Check that the processes django-q2 forks share no connection."""
     return [
         Error(
             f"Database {alias!r} uses a connection pool that agenttasks cannot reset in the "

@@ -20,24 +20,24 @@ KILLED_TEXT = (
 
 
 def timeout_text(seconds: float) -> str:
-    """The error of a run stopped at its deadline."""
+    """Return the error of a run stopped at its deadline."""
     return f"Timed out after {format(seconds, 'g')} s"
 
 
 def q_timeout() -> float | None:
-    """django-q2's `timeout` (seconds), when one is set."""
+    """Return django-q2's `timeout` (seconds), when one is set."""
     seconds = (getattr(settings, "Q_CLUSTER", None) or {}).get("timeout")
     return seconds if isinstance(seconds, (int, float)) and seconds > 0 else None
 
 
 def killed_text() -> str:
-    """The error of a run that django-q2 stopped at its own timeout."""
+    """Return the error of a run that django-q2 stopped at its own timeout."""
     seconds = q_timeout()
     return KILLED_TEXT.format(seconds="?" if seconds is None else format(seconds, "g"))
 
 
 def timeout_of(agent_id: str) -> float:
-    """Seconds a run of `agent_id` may execute (DEFAULT_TIMEOUT for an unknown agent)."""
+    """Return seconds a run of `agent_id` may execute (DEFAULT_TIMEOUT for an unknown agent)."""
     try:
         return registry.get(agent_id).timeout
     except registry.UnknownAgent:

@@ -36,14 +36,14 @@ def settle_push(config_id: int, version: int) -> None:
 
 
 def job_of(delivery: Delivery) -> tuple:
-    """The job that makes a delivery: its function and arguments."""
+    """Return the job that makes a delivery: its function and arguments."""
     if delivery.config_id is None:
         return CALLBACK_JOB, delivery.task_id, delivery.status, delivery.version
     return PUSH_JOB, delivery.config_id, delivery.status, delivery.version
 
 
 def overdue(now: datetime | None = None):
-    """Deliveries no job has claimed REQUEUE_AFTER after they were due, oldest first."""
+    """Return deliveries no job has claimed REQUEUE_AFTER after they were due, oldest first."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
     return Delivery.objects.overdue(cutoff).order_by("due_at", "pk")

@@ -95,7 +95,7 @@ def _heard_follower(conversation_id: str) -> None:
 
 
 def followed(conversation_id: str) -> bool:
-    """Whether a live reader, in this process or another, follows the conversation."""
+    """Say whether a live reader, in this process or another, follows the conversation."""
     with _lock:
         if conversation_id in _readers:
             return True

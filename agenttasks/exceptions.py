@@ -26,15 +26,15 @@ class TaskError(Exception):
         self.info = info
 
     def model_message(self) -> str:
-        """The text a model is handed (the task tools return it verbatim)."""
+        """Return the text a model is handed (the task tools return it verbatim)."""
         return str(self)
 
     def api_message(self) -> str:
-        """The message of the REST error envelope."""
+        """Return the message of the REST error envelope."""
         return str(self)
 
     def api_details(self) -> dict[str, Any] | None:
-        """The details of the REST error envelope, if any."""
+        """Return the details of the REST error envelope, if any."""
         return None
 
 

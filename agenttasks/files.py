@@ -90,7 +90,7 @@ class Upload:
         return len(self.content)
 
     def ref(self) -> dict:
-        """The FileRef that messages and tasks embed."""
+        """Return the FileRef that messages and tasks embed."""
         return {"id": self.id, "name": self.name, "mimeType": self.mime_type, "size": self.size}
 
 
@@ -125,7 +125,7 @@ def decode(text: str) -> bytes | None:
 
 
 def type_allowed(mime_type: str, patterns) -> bool:
-    """Whether a type matches `type/subtype`, `type/*` or `*/*` patterns."""
+    """Say whether a type matches `type/subtype`, `type/*` or `*/*` patterns."""
     return any(fnmatch.fnmatchcase(mime_type, str(p).lower()) for p in patterns or ())
 
 
@@ -245,7 +245,7 @@ def open_bytes(file):
 
 
 def expired(now=None):
-    """Files whose retention has passed."""
+    """Return files whose retention has passed."""
     return File.objects.filter(expires_at__lt=now or timezone.now()).order_by("expires_at", "id")
 
 

@@ -32,7 +32,7 @@ def record_pass() -> None:
 
 
 def reaper_window() -> float:
-    """Seconds without a reaper pass after which the service is degraded."""
+    """Return seconds without a reaper pass after which the service is degraded."""
     return 3 * app_settings.REAP_INTERVAL
 
 

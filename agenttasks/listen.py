@@ -114,7 +114,7 @@ class Hub:
         self._ensure_listening()
 
     def announced(self, channel: str, payload: str) -> bool:
-        """Whether a repeated notification has gone out at least once in this session."""
+        """Say whether a repeated notification has gone out at least once in this session."""
         with self._lock:
             return self._repeats.get((channel, payload), (0.0, 0.0))[1] > 0
 
@@ -202,7 +202,7 @@ class Hub:
 
 
 def raw_connection(settings: dict):
-    """A psycopg connection of its own (autocommit) to the database of Django's `settings`."""
+    """Return a psycopg connection of its own (autocommit) to the database of Django's `settings`."""
     import psycopg  # lazily: an optional dependency, needed on PostgreSQL only
 
     params = {

@@ -79,7 +79,7 @@ def count(name: str, amount: float = 1, **labels: str) -> None:
 
 
 def spent(run: Run, usage: Mapping | None) -> dict[str, float]:
-    """The tokens one execution of `run` spent, by kind, from its outcome's usage.
+    """Return the tokens one execution of `run` spent, by kind, from its outcome's usage.
 
     A chat run reports its window's running totals (snake_case keys), which a resumed run
     carries over: what it had recorded when claimed is subtracted. A callable run reports the

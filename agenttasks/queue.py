@@ -122,7 +122,8 @@ def insert_job(job: dict) -> None:
 
 
 def job_row(run_id: str) -> dict | None:
-    """The broker row of a run's job, to be written with the run (None: enqueue after commit)."""
+    """Return the broker row of a run's job, to be written with the run (None: enqueue after
+    commit)."""
     row = getattr(_backend, "job_row", None)
     return row(EXECUTE_RUN, run_id) if row is not None else None
 
@@ -184,7 +185,7 @@ def queued_runs(handed_within: float) -> set[str] | None:
 
 
 def is_worker_timeout(exc: BaseException) -> bool:
-    """Whether `exc` is django-q2 stopping a job at its `timeout`."""
+    """Say whether `exc` is django-q2 stopping a job at its `timeout`."""
     return isinstance(exc, TimeoutException)
 
 
@@ -200,7 +201,8 @@ LISTENING_TTL = 1.0  # seconds a web process trusts what it read
 
 
 def workers_listen() -> bool:
-    """Whether worker processes listen for new runs: PostgreSQL, with one alive (read once a second).
+    """Say whether worker processes listen for new runs: PostgreSQL, with one alive (read once a
+    second).
 
     A worker process is alive while its heartbeat rewrote its row within LEASE_TIMEOUT
     (WorkerProcess); a stopping one removes its row before it stops claiming. A test's default
@@ -309,7 +311,7 @@ def install_schedule(name: str, func: str, minutes: int = 1, *, daily: bool = Fa
 
 
 def old_failures(before, limit: int) -> list:
-    """Ids of django-q2's failure rows (failed jobs it kept) that stopped before `before`."""
+    """Return ids of django-q2's failure rows (failed jobs it kept) that stopped before `before`."""
     return list(
         Failure.objects.filter(stopped__lt=before)
         .order_by("stopped")
@@ -448,7 +450,7 @@ class PatientLock:
 
 
 def patient_value(typecode: str, *args):
-    """A multiprocessing Value whose lock is a PatientLock (django-q2's workers' timers)."""
+    """Return a multiprocessing Value whose lock is a PatientLock (django-q2's workers' timers)."""
     return multiprocessing.Value(typecode, *args, lock=PatientLock())  # type: ignore[call-overload]
 
 
@@ -458,7 +460,7 @@ def guard_worker_timers() -> None:
 
 
 def recycles_after(jobs: int) -> bool:
-    """Whether django-q2 retires a worker process after it started `jobs` jobs.
+    """Say whether django-q2 retires a worker process after it started `jobs` jobs.
 
     It does after `recycle` jobs, or once the process outgrew `max_rss`.
     """

@@ -55,7 +55,7 @@ class AgentDef:
 
     @property
     def timeout(self) -> float:
-        """Seconds one execution of a run may take (its own, else DEFAULT_TIMEOUT)."""
+        """Return seconds one execution of a run may take (its own, else DEFAULT_TIMEOUT)."""
         return self.timeout_seconds or app_settings.DEFAULT_TIMEOUT
 
     def snapshot(self) -> dict:

@@ -18,7 +18,7 @@ def _digest(secret: str, timestamp: int, body: bytes) -> str:
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """The X-Agenttasks-Signature header value for a body sent at `timestamp`."""
+    """Return the X-Agenttasks-Signature header value for a body sent at `timestamp`."""
     return f"t={timestamp},v1={_digest(secret, timestamp, body)}"
 
 

@@ -78,7 +78,8 @@ def mark_delivered(wakeups, delivered_run_id: str) -> int:
 
 
 def may_wake(conversation: Conversation) -> bool:
-    """Whether a locked conversation may be woken now (docs/lifecycle.md#wake-up-debt-and-notifications).
+    """Say whether a locked conversation may be woken now
+    (docs/lifecycle.md#wake-up-debt-and-notifications).
 
     Not when it is being deleted, has a queued, running or paused run (its latest run paused on
     its own action or an escalated one included), or has an open approval or question.
@@ -117,12 +118,12 @@ def deliver_pending(conversation_id: str) -> Run | None:
 
 
 def has_agent(conversation: Conversation) -> bool:
-    """Whether an agent of ours is behind the conversation (a wake-up run could carry its debt)."""
+    """Say whether an agent of ours is behind the conversation (a wake-up run could carry its debt)."""
     return bool(conversation.agent)
 
 
 def owed(conversation_id: str) -> list[Wakeup]:
-    """Every pending wake-up owed to a conversation, oldest first."""
+    """Return every pending wake-up owed to a conversation, oldest first."""
     return _owed(conversation_id)
 
 

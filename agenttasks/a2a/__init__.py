@@ -11,7 +11,7 @@ itself and its models import without it, so a site that does not install the ext
 
 
 def available() -> bool:
-    """Whether the a2a-sdk (the `a2a` extra) is installed."""
+    """Say whether the a2a-sdk (the `a2a` extra) is installed."""
     try:
         import a2a.types.a2a_pb2  # noqa: F401
     except ImportError:

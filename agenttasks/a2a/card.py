@@ -29,7 +29,7 @@ def _api_key(location: str, name: str, description: str) -> pb.SecurityScheme:
 
 
 def security_schemes() -> dict[str, pb.SecurityScheme]:
-    """The authentication the site accepts (the classes the REST API uses), as schemes."""
+    """Return the authentication the site accepts (the classes the REST API uses), as schemes."""
     classes = app_settings.AUTHENTICATION_CLASSES
     if classes is None:
         classes = api_settings.DEFAULT_AUTHENTICATION_CLASSES
@@ -62,7 +62,7 @@ def input_modes(agent) -> list[str]:
 
 
 def agent_card(agent, base_url: str) -> pb.AgentCard:
-    """The card: both interfaces at `base_url` (the agent's A2A root, no trailing slash)."""
+    """Return the card: both interfaces at `base_url` (the agent's A2A root, no trailing slash)."""
     schemes = security_schemes()
     card = pb.AgentCard(
         name=agent.name or agent.id,

@@ -49,7 +49,7 @@ def state_of(status: str) -> Any:
 
 
 def value(data) -> Value:
-    """A JSON value as a protobuf Value."""
+    """Return a JSON value as a protobuf Value."""
     return json_format.ParseDict(data, Value())
 
 
@@ -64,7 +64,7 @@ def text_part(text: str) -> pb.Part:
 
 
 def file_part(ref: dict, base_url: str | None) -> pb.Part | None:
-    """A stored file as a part that points to its content (the same auth as REST reads it)."""
+    """Return a stored file as a part that points to its content (the same auth as REST reads it)."""
     if not base_url or not isinstance(ref, dict) or not ref.get("id"):
         return None
     return pb.Part(
@@ -78,7 +78,7 @@ def file_part(ref: dict, base_url: str | None) -> pb.Part | None:
 
 
 def contexts_of(tasks) -> dict[str, str]:
-    """The contextId of each task (its A2A context, or its own conversation id)."""
+    """Return the contextId of each task (its A2A context, or its own conversation id)."""
     tasks = list(tasks)
     linked = dict(
         A2AContext.objects.filter(task_id__in=[t.id for t in tasks]).values_list(
@@ -110,7 +110,7 @@ def action_text(action: dict) -> str:
 
 
 def status_message(task: Task, context_id: str) -> pb.Message | None:
-    """What the status says in words: the question asked, the error, the progress."""
+    """Return what the status says in words: the question asked, the error, the progress."""
     parts = []
     if task.status == TaskStatus.WAITING_FOR_INPUT:
         actions = pending_actions(task.conversation_id, run_id=task.run_id)
@@ -146,7 +146,7 @@ def status(task: Task, context_id: str) -> pb.TaskStatus:
 
 
 def artifacts(task: Task, base_url: str | None) -> list[pb.Artifact]:
-    """The task's result as an artifact: its text, and its files."""
+    """Return the task's result as an artifact: its text, and its files."""
     result = TaskResult.objects.filter(task_id=task.id).first()
     if result is None:
         return []
@@ -233,7 +233,7 @@ def task_message(
     history: list[pb.Message],
     with_artifacts: bool = True,
 ) -> pb.Task:
-    """An agenttasks task as an A2A Task, with its history (`histories`)."""
+    """Return an agenttasks task as an A2A Task, with its history (`histories`)."""
     meta: dict[str, Any] = {"agentId": task.agent, "conversationId": task.conversation_id}
     meta["runId"] = task.run_id
     meta["attempt"] = task.attempt_no()
@@ -252,7 +252,7 @@ def task_message(
 
 
 def rejected(reason: str, context_id: str, message: pb.Message) -> pb.Task:
-    """A task refused at creation (nothing was written): REJECTED, with the reason."""
+    """Return a task refused at creation (nothing was written): REJECTED, with the reason."""
     task_id = new_task_id()
     out = pb.Task(id=task_id, context_id=context_id)
     out.status.state = pb.TASK_STATE_REJECTED
@@ -348,7 +348,7 @@ def without_values(params: dict) -> dict:
 
 
 def input_text(incoming: Incoming) -> str:
-    """A new task's input: the text, and any data parts as JSON after it."""
+    """Return a new task's input: the text, and any data parts as JSON after it."""
     chunks = [incoming.text] if incoming.text else []
     chunks += [json.dumps(d, ensure_ascii=False, separators=(",", ":")) for d in incoming.data]
     return "\n\n".join(chunks)

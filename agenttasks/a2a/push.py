@@ -122,7 +122,7 @@ def connect() -> None:
 
 
 def body(task: Task, status: str) -> bytes:
-    """The StreamResponse: a status update in the state the task entered."""
+    """Return the StreamResponse: a status update in the state the task entered."""
     context_id = mapping.contexts_of([task])[task.id]
     update = pb.TaskStatusUpdateEvent(
         task_id=task.id, context_id=context_id, status=mapping.status(task, context_id)

@@ -78,7 +78,7 @@ def invalid(exc: api_errors.ApiError) -> InvalidParamsError:
 
 
 def find_task(call: Call, task_id: str) -> Task:
-    """The caller's task of this agent; another user's task is not found either."""
+    """Return the caller's task of this agent; another user's task is not found either."""
     task = Task.objects.select_related("run").filter(agent=call.agent.id).named(task_id)
     if task is None or task.owner_id != call.owner_id:
         raise TaskNotFoundError(f"Task not found: {task_id}")
@@ -208,7 +208,7 @@ def _push_config(req: pb.SendMessageRequest):
 
 
 def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None]:
-    """A new task, under the agent's file policy and the REST limits; a refusal of the
+    """Create a new task, under the agent's file policy and the REST limits; a refusal of the
     lifecycle (the active-task limit) is a REJECTED task."""
     text = mapping.input_text(incoming)
     if not text.strip():
@@ -254,8 +254,8 @@ def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None
 
 
 def answer(call: Call, task: Task, incoming) -> Task:
-    """A message to a task waiting for input: the answer to its pending actions (data parts,
-    or plain text for a single question or approval), or a comment for a clarification."""
+    """Answer a task waiting for input with a message: the answer to its pending actions (data
+    parts, or plain text for a single question or approval), or a comment for a clarification."""
     if task.status != TaskStatus.WAITING_FOR_INPUT:
         raise UnsupportedOperationError(
             f"Task {task.id} is {task.status}: only a task waiting for input takes a message"
@@ -325,7 +325,7 @@ def get_task(call: Call, req: pb.GetTaskRequest) -> pb.Task:
 
 
 def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
-    """The caller's tasks of this agent, newest first, by pages (a page token is a cursor)."""
+    """Return the caller's tasks of this agent, newest first, by pages (a page token is a cursor)."""
     size = req.page_size if req.HasField("page_size") else DEFAULT_LIST_TASKS_PAGE_SIZE
     if size < 1:
         raise InvalidParamsError("pageSize must be at least 1")

@@ -51,7 +51,7 @@ class TaskFollower(Follower):
         return [self.frame(self.first())]
 
     def first(self) -> dict:
-        """The Task as it is now (or as the message left it); the log is followed from here."""
+        """Return the Task as it is now (or as the message left it); the log is followed from here."""
         if self.sent is not None:
             self.last = self.sent.after
             self.context_id = self.sent.message.context_id
@@ -72,7 +72,7 @@ class TaskFollower(Follower):
         return self._dict(pb.StreamResponse(task=self.call.present(task)))
 
     def poll(self) -> str:
-        """The frames of the task's events committed since the last read ("" when none).
+        """Return the frames of the task's events committed since the last read ("" when none).
 
         Like the REST stream, it ends once the conversation is being deleted: the rows it would
         read next are going, and so is the terminal update that would have ended it.

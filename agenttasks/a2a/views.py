@@ -54,7 +54,7 @@ REST = "rest"
 
 
 def a2a_agent(agent_id: str):
-    """The agent served over A2A, or None."""
+    """Return the agent served over A2A, or None."""
     try:
         agent = registry.get(agent_id)
     except registry.UnknownAgent:
@@ -63,14 +63,14 @@ def a2a_agent(agent_id: str):
 
 
 def agent_root(request, agent_id: str) -> str:
-    """The absolute URL of the agent's A2A root, from the path this request came in on."""
+    """Return the absolute URL of the agent's A2A root, from the path this request came in on."""
     marker = f"/a2a/{agent_id}"
     path = request.path
     return request.build_absolute_uri(path[: path.index(marker) + len(marker)])
 
 
 def build_error_response(request_id, error: A2AError) -> dict:
-    """A JSON-RPC error response: the protocol's code, and an ErrorInfo naming the error."""
+    """Return a JSON-RPC error response: the protocol's code, and an ErrorInfo naming the error."""
     body = {"code": JSON_RPC_ERROR_CODE_MAP.get(type(error), -32603), "message": error.message}
     body["data"] = build_error_details(error)
     return {"jsonrpc": "2.0", "id": request_id, "error": body}
@@ -165,7 +165,7 @@ class A2AView(AppPolicies):
         raise NotImplementedError
 
     def stream_place(self):
-        """One of the user's MAX_STREAMS_PER_USER places (429 when all are held), taken before
+        """Take one of the user's MAX_STREAMS_PER_USER places (429 when all are held), taken before
         a streamed message creates or answers anything."""
         return slots.take(
             self.request,
@@ -274,7 +274,7 @@ READS = {
 
 
 def parse(cls, params):
-    """The params as a request of `cls`; a SendMessageRequest with its JSON (SendRequest)."""
+    """Parse the params as a request of `cls`; a SendMessageRequest with its JSON (SendRequest)."""
     params = params or {}
     check_enums(cls, params)
     try:

@@ -13,7 +13,7 @@ from ..models import Task
 
 
 def stream(request: HttpRequest, task: Task) -> streams.StreamResponse:
-    """The event stream of `task`'s conversation, from now on (snapshot, then new events)."""
+    """Return the event stream of `task`'s conversation, from now on (snapshot, then new events)."""
     if task is None:
         raise Http404
     events = streams.EventStream(

@@ -162,7 +162,7 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="task", ordering="label")
     def task(self, task):
-        """The label, linked, over the id, the attempt and where it was spawned from."""
+        """Return the label, linked, over the id, the attempt and where it was spawned from."""
         under = [format_html('<code class="at-id">{}</code>', task.pk)]
         if task.attempt > 1:
             under.append(format_html("attempt {}", task.attempt))
@@ -275,7 +275,7 @@ class TaskAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "agenttasks/admin/task_detail.html", context)
 
     def live_view(self, request, object_id):
-        """The task's conversation events, as a stream its page follows (admin/live.py)."""
+        """Return the task's conversation events, as a stream its page follows (admin/live.py)."""
         task = self.get_queryset(request).filter(pk=unquote(object_id)).first()
         if not self.has_view_permission(request, task):
             raise PermissionDenied

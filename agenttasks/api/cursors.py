@@ -32,7 +32,8 @@ class Keyset:
     descending: bool
 
     def of(self, scope: str) -> "Keyset":
-        """This order within one parent (a conversation's messages): its cursors fit no other."""
+        """Return this order within one parent (a conversation's messages): its cursors fit no
+        other."""
         return dataclasses.replace(self, name=f"{self.name}/{scope}")
 
     @property
@@ -40,7 +41,7 @@ class Keyset:
         return [f"-{f}" if self.descending else f for f in self.fields]
 
     def cursor(self, item) -> str:
-        """The signed cursor naming `item` (the last item of a page)."""
+        """Return the signed cursor naming `item` (the last item of a page)."""
         values = [_dump(getattr(item, f)) for f in self.fields]
         return signing.dumps([self.name, values], salt=SALT, compress=False)
 
@@ -55,7 +56,7 @@ class Keyset:
             raise errors.validation(INVALID, "cursor") from None
 
     def after(self, values: list) -> Q:
-        """Rows strictly after the position, in this order."""
+        """Return rows strictly after the position, in this order."""
         op = "lt" if self.descending else "gt"
         first, first_value = self.fields[0], values[0]
         if len(self.fields) == 1:

@@ -48,7 +48,7 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        """The envelope; messages and details may quote the client's text, so it is made
+        """Return the envelope; messages and details may quote the client's text, so it is made
         encodable."""
         error = {"code": self.code, "message": encodable(self.message)}
         if self.details is not None:
@@ -136,7 +136,7 @@ def translate(exc, context) -> ApiError | None:
 
 
 def handle(exc, context):
-    """The exception handler of the app's views (docs/rest.md#errors)."""
+    """Handle an exception of the app's views (docs/rest.md#errors)."""
     error = translate(exc, context)
     set_rollback()
     if error is None:

@@ -63,7 +63,7 @@ def idempotent(method):
 
 
 def fingerprint(body) -> str:
-    """The SHA-256 of the body as canonical JSON (an empty body reads as {})."""
+    """Return the SHA-256 of the body as canonical JSON (an empty body reads as {})."""
     text = json.dumps(
         body if body is not None else {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )

@@ -63,7 +63,7 @@ def health(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 def metrics(request: HttpRequest) -> HttpResponse:
-    """The Prometheus text format, when METRICS_ENABLED (and with METRICS_TOKEN when set)."""
+    """Return the Prometheus text format, when METRICS_ENABLED (and with METRICS_TOKEN when set)."""
     if not app_settings.METRICS_ENABLED:
         off = errors.route_not_found(request)
         off.message += " (metrics are off: set AGENTTASKS['METRICS_ENABLED'] = True)"

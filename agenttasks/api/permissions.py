@@ -47,7 +47,8 @@ def check_owner(request, resource_owner_id, what: str) -> None:
 
 
 def authenticators() -> list:
-    """The site's authenticators (AUTHENTICATION_CLASSES, else DRF's defaults), for every view."""
+    """Return the site's authenticators (AUTHENTICATION_CLASSES, else DRF's defaults), for every
+    view."""
     classes = app_settings.AUTHENTICATION_CLASSES
     if classes is None:
         classes = api_settings.DEFAULT_AUTHENTICATION_CLASSES

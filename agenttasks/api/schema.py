@@ -58,7 +58,8 @@ SETTINGS = {
 
 
 def doc_excludes() -> list[type]:
-    """Classes whose docstrings never describe a schema: drf-spectacular's and our base classes."""
+    """Return classes whose docstrings never describe a schema: drf-spectacular's and our base
+    classes."""
     return [*get_lib_doc_excludes(), Body, Shape, TaskValues]
 
 
@@ -130,7 +131,7 @@ _lock = threading.Lock()
 
 
 def document() -> dict:
-    """The OpenAPI document, generated once per mount point and authentication setting."""
+    """Return the OpenAPI document, generated once per mount point and authentication setting."""
     key = (mount_prefix(), repr(app_settings.AUTHENTICATION_CLASSES))
     with _lock:
         if key not in _cache:

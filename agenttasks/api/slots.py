@@ -92,7 +92,7 @@ def _holds_a_pooled_thread(request, kind: str) -> bool:
 
 
 def principal_key(request) -> str:
-    """The principal a cap counts for: the user, or the client address of the anonymous one."""
+    """Return the principal a cap counts for: the user, or the client address of the anonymous one."""
     user = user_of(request)
     if user is not None:
         return f"user:{user.pk}"
@@ -176,7 +176,7 @@ def _take_principals(request, kind: str, limit: int, seconds: float, in_process:
 
 
 def client_socket(request) -> int | None:
-    """The file descriptor of a WSGI request's connection, when the server exposes it."""
+    """Return the file descriptor of a WSGI request's connection, when the server exposes it."""
     environ = getattr(request, "META", {})
     sock = environ.get("gunicorn.socket")
     if sock is not None:
@@ -202,7 +202,7 @@ def _socket_fd(stream) -> int | None:
 
 
 def gone(fd: int | None) -> bool:
-    """Whether the peer closed (or reset) this connection; never blocks."""
+    """Say whether the peer closed (or reset) this connection; never blocks."""
     if fd is None:
         return False
     try:

@@ -55,7 +55,7 @@ def _json(value) -> str:
 
 
 def frame(event: Event) -> str:
-    """One event as `id:`, `event:` and a one-line `data:`."""
+    """Return one event as `id:`, `event:` and a one-line `data:`."""
     return (
         f"id: {event.seq}\nevent: {event.type}\ndata: {_json(EventSerializer.present(event))}\n\n"
     )
@@ -89,14 +89,14 @@ class Follower:
         raise NotImplementedError
 
     def pending(self) -> str:
-        """What waits to be sent without reading the database ("" unless overridden)."""
+        """Return what waits to be sent without reading the database ("" unless overridden)."""
         return ""
 
     def failed(self, exc: Exception) -> str:
         raise NotImplementedError
 
     def client_gone(self) -> bool:
-        """Whether the (WSGI) client closed the connection; checked every CLIENT_CHECK seconds."""
+        """Say whether the (WSGI) client closed the connection; checked every CLIENT_CHECK seconds."""
         now = time.monotonic()
         if now - self._client_checked < CLIENT_CHECK:
             return False
@@ -104,7 +104,7 @@ class Follower:
         return slots.gone(self.client_fd)
 
     def place_due(self) -> bool:
-        """Whether the place's lease is a third of the way through (time to renew it)."""
+        """Say whether the place's lease is a third of the way through (time to renew it)."""
         return time.monotonic() - self._renewed >= self.held.seconds / 3
 
     def keep_place(self) -> None:
@@ -115,7 +115,7 @@ class Follower:
             self.done = True
 
     def deleted(self) -> bool:
-        """Whether the conversation is being deleted or gone; read every DELETED_CHECK seconds."""
+        """Say whether the conversation is being deleted or gone; read every DELETED_CHECK seconds."""
         now = time.monotonic()
         if now - self._deletion_checked < DELETED_CHECK:
             return False
@@ -173,11 +173,11 @@ class EventStream(Follower):
             self._reader = None
 
     def pending(self) -> str:
-        """What waits to be sent without reading the database: the deltas received."""
+        """Return what waits to be sent without reading the database: the deltas received."""
         return self.delta_frames()
 
     def delta_frames(self) -> str:
-        """The deltas received since the last call, as `message.delta` frames without `id:`."""
+        """Return the deltas received since the last call, as `message.delta` frames without `id:`."""
         out = []
         while self.deltas:
             run_id, piece = self.deltas.popleft()
@@ -189,11 +189,11 @@ class EventStream(Follower):
     # --- reads (each runs in a thread that may use the ORM) -----------------------------------
 
     def opening(self) -> list[str]:
-        """The snapshot, then the replay of the events after the resume point."""
+        """Return the snapshot, then the replay of the events after the resume point."""
         return [self.snapshot(), self.replay()]
 
     def snapshot(self) -> str:
-        """The first message: the conversation's state now. Sets the resume point."""
+        """Return the first message: the conversation's state now. Sets the resume point."""
         conversation = Conversation.objects.get(pk=self.conversation_id)
         body = {"conversationId": conversation.id, "lastSeq": conversation.last_seq}
         if self.task_id:
@@ -220,7 +220,7 @@ class EventStream(Follower):
         return f"event: snapshot\ndata: {_json(body)}\n\n"
 
     def replay(self) -> str:
-        """Every event after the resume point; ends the stream if the task is already over."""
+        """Return every event after the resume point; ends the stream if the task is already over."""
         chunks = []
         while not self.done:
             text, count = self._read()
@@ -232,7 +232,7 @@ class EventStream(Follower):
         return "".join(chunks)
 
     def poll(self) -> str:
-        """The events committed since the last read ("" when none); notices a deletion."""
+        """Return the events committed since the last read ("" when none); notices a deletion."""
         text, count = self._read()
         if not count and self.deleted():
             self.done = True
@@ -349,7 +349,7 @@ async def async_stream(stream: Follower):
 
 
 def serve(stream: Follower, request) -> "StreamResponse":
-    """The streaming response of a follower, driven as the server runs (WSGI or ASGI)."""
+    """Return the streaming response of a follower, driven as the server runs (WSGI or ASGI)."""
     asgi = isinstance(request, ASGIRequest)
     return StreamResponse(async_stream(stream) if asgi else sync_stream(stream), stream)
 

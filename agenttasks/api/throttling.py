@@ -18,7 +18,7 @@ def scope_of(method: str) -> str:
 
 
 def client_address(request) -> str:
-    """The client's address as NUM_PROXIES says; unset or 0 trusts no X-Forwarded-For.
+    """Return the client's address as NUM_PROXIES says; unset or 0 trusts no X-Forwarded-For.
 
     (DRF itself trusts the whole header when NUM_PROXIES is unset.)
     """
@@ -52,7 +52,7 @@ class ScopeThrottle(SimpleRateThrottle):
 
 
 def throttles_for(request) -> list:
-    """The throttle that applies to this request, if its scope has a rate."""
+    """Return the throttle that applies to this request, if its scope has a rate."""
     scope = scope_of(request.method)
     if not (app_settings.THROTTLE_RATES or {}).get(scope):
         return []

@@ -62,7 +62,7 @@ def comment(
 
 
 def waiting_on(task: Task) -> list[str]:
-    """The pending actions a task waits on: its current run's, and those escalated to it."""
+    """Return the pending actions a task waits on: its current run's, and those escalated to it."""
     return [
         action.id
         for action in store.pending_actions_below(task.conversation_id)

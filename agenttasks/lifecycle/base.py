@@ -46,12 +46,12 @@ def info(task: Task, *, agent: str = "") -> TaskInfo:
 
 
 def conversation_id_of(conversation: ConversationRef) -> str:
-    """The id of a conversation given as a row or as its id."""
+    """Return the id of a conversation given as a row or as its id."""
     return conversation if isinstance(conversation, str) else conversation.pk
 
 
 def agent_name(agent_id: str) -> str:
-    """The registered agent's display name, or its id when it is no longer registered."""
+    """Return the registered agent's display name, or its id when it is no longer registered."""
     try:
         return registry.get(agent_id).name or agent_id
     except registry.UnknownAgent:
@@ -59,7 +59,7 @@ def agent_name(agent_id: str) -> str:
 
 
 def read(task_id: str) -> Task:
-    """The task as stored now (TaskNotFound when there is none)."""
+    """Return the task as stored now (TaskNotFound when there is none)."""
     return Task.objects.read(task_id)
 
 

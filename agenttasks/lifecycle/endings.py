@@ -24,7 +24,7 @@ NO_RUN_ID_WARNING = "task outcome without a run id: Continue not consulted; a jo
 def on_run_finished(
     conversation: ConversationRef, outcome: RunOutcome, *, task: Task | None = None
 ) -> None:
-    """The single entry point for a run's ending: pause, continue, or finalize its task.
+    """Handle a run's ending, the single entry point: pause, continue, or finalize its task.
 
     The run driver passes the task it claimed (`task`), which saves looking it up again.
     """

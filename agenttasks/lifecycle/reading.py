@@ -70,7 +70,7 @@ def wait_for(
 
 
 def list_tasks(conversation: ConversationRef) -> list[TaskInfo]:
-    """Every task spawned from the conversation (delegates excluded), newest first."""
+    """Return every task spawned from the conversation (delegates excluded), newest first."""
     conversation_id = conversation_id_of(conversation)
     tasks = (
         Task.objects.filter(parent_conversation_id=conversation_id)

@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 def recover() -> list[Task]:
-    """One reaper pass: orphans, stuck endings, dead taskless runs, requeues, timeouts, deliveries."""
+    """Run one reaper pass: orphans, stuck endings, dead taskless runs, requeues, timeouts,
+    deliveries."""
     try:
         orphans = store.fail_orphans()
     except DatabaseError as exc:

@@ -11,7 +11,7 @@ imports without the extra, so a site that does not install it still loads.
 
 
 def available() -> bool:
-    """Whether mcp-types (the `mcp` extra) is installed."""
+    """Say whether mcp-types (the `mcp` extra) is installed."""
     try:
         import mcp_types.methods  # noqa: F401
     except ImportError:

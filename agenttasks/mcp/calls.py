@@ -125,12 +125,12 @@ def start(exchange: Exchange, agent_id: str, args: dict) -> "dict | CallFollower
 
 
 def call_id(request_id: Any) -> str:
-    """The tool_call_id of an agent call's task: its request's id, so a cancel finds it."""
+    """Return the tool_call_id of an agent call's task: its request's id, so a cancel finds it."""
     return f"mcp-call:{request_id}"
 
 
 def resume(exchange: Exchange, agent_id: str, params: dict) -> "dict | CallFollower":
-    """A 2026-07-28 retry: answer what the call asked with the client's responses, follow on."""
+    """Resume a 2026-07-28 retry: answer what the call asked with the client's responses, follow on."""
     session = exchange.session
     state = elicitation.unseal(session, agent_id, params.get("requestState"))
     responses = params.get("inputResponses") or {}
@@ -171,7 +171,8 @@ def apply(action: PendingAction, body: dict, session: Session) -> str:
 
 
 def outcome(task: Task, mount_url: str) -> dict:
-    """A task's ending as the call's result: its text and result files, or the card on failure."""
+    """Return a task's ending as the call's result: its text and result files, or the card on
+    failure."""
     info = lifecycle.info(task)
     structured: dict[str, Any] = {"taskId": task.id, "status": task.status}
     if task.status != TaskStatus.COMPLETED:
@@ -237,7 +238,7 @@ class CallFollower(Follower):
         return [self.poll()]
 
     def poll(self) -> str:
-        """What to send since the last read; the response once the call is over."""
+        """Return what to send since the last read; the response once the call is over."""
         try:
             out = self._events()
             task = Task.objects.select_related("run").visible().filter(pk=self.task_id).first()
@@ -373,7 +374,7 @@ REQUEST_PREFIX = "elicit:"
 
 
 def request_id(task_id: str, action_id: str) -> str:
-    """The id of the elicitation/create asking an action, naming the task the call follows."""
+    """Return the id of the elicitation/create asking an action, naming the task the call follows."""
     return f"{REQUEST_PREFIX}{task_id}:{action_id}"
 
 

@@ -30,7 +30,7 @@ CACHE = {"ttlMs": 0, "cacheScope": "private"}
 
 
 def capabilities(modern: bool) -> dict:
-    """What the server offers: tools, and (2025-11-25) the log messages of notices.py."""
+    """Return what the server offers: tools, and (2025-11-25) the log messages of notices.py."""
     offered: dict[str, Any] = {"tools": {"listChanged": False}}
     if not modern:
         offered["logging"] = {}
@@ -63,7 +63,8 @@ def discover() -> dict:
 
 
 def answer(exchange: Exchange) -> "dict | calls.CallFollower":
-    """The JSON-RPC response to a request, or the follower of an agent's call that answers it."""
+    """Return the JSON-RPC response to a request, or the follower of an agent's call that answers
+    it."""
     session, message = exchange.session, exchange.message
     protocol.check(message, session.version)
     method = message.method
@@ -120,7 +121,7 @@ def call_tool(exchange: Exchange) -> "dict | calls.CallFollower":
 
 
 def notified(session: Session, message: protocol.Message) -> None:
-    """A client's notification: a cancel stops the task of the call it names."""
+    """Handle a client's notification: a cancel stops the task of the call it names."""
     if message.method == "notifications/cancelled":
         cancel(session, message.params.get("requestId"))
 
@@ -149,5 +150,5 @@ def cancel(session: Session, request_id: Any) -> None:
 
 
 def responded(session: Session, message: protocol.Message) -> None:
-    """A client's response: its answer to one of the server's elicitation/create."""
+    """Handle a client's response: its answer to one of the server's elicitation/create."""
     calls.answered(session, message)

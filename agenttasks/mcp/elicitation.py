@@ -69,7 +69,7 @@ def _question_schema(q: dict) -> dict:
 
 
 def form(action: PendingAction) -> tuple[str, dict]:
-    """The message and the requested schema of an action's elicitation."""
+    """Return the message and the requested schema of an action's elicitation."""
     if action.kind == "approval":
         schema = {
             "type": "object",
@@ -103,7 +103,7 @@ def elicit_params(action: PendingAction) -> dict:
 
 
 def input_requests(actions: list[PendingAction]) -> dict:
-    """The `inputRequests` of an InputRequiredResult: one elicitation per action, by its id."""
+    """Return the `inputRequests` of an InputRequiredResult: one elicitation per action, by its id."""
     return {a.id: {"method": "elicitation/create", "params": elicit_params(a)} for a in actions}
 
 
@@ -156,7 +156,7 @@ def _question_line(action: PendingAction, q: dict) -> str:
 
 
 def describe(actions: list[PendingAction]) -> str:
-    """What the actions ask, one line each, and how task_answer answers them."""
+    """Return what the actions ask, one line each, and how task_answer answers them."""
     lines = ["waiting for input:"]
     for action in actions:
         if action.kind == "approval":
@@ -191,7 +191,7 @@ def seal(session, tool: str, task_id: str, action_ids: list[str]) -> str:
 
 
 def unseal(session, tool: str, token: Any) -> State:
-    """The state a retried call echoes; INVALID_PARAMS unless this server sealed it for it."""
+    """Open the state a retried call echoes; INVALID_PARAMS unless this server sealed it for it."""
     refused = protocol.invalid_params("requestState is not one this server gave for this call")
     if not isinstance(token, str):
         raise refused

@@ -25,7 +25,7 @@ ENDINGS = {TaskStatus.COMPLETED, TaskStatus.FAILED}  # the endings that owe a wa
 
 
 def message(items) -> dict:
-    """The notifications/message telling a client what its tasks' endings owe it."""
+    """Return the notifications/message telling a client what its tasks' endings owe it."""
     data = {"text": wakeups.format_notification(items), "taskIds": [w.task_id for w in items]}
     params = {"level": "notice", "logger": "agenttasks", "data": data}
     return protocol.notification("notifications/message", params)
@@ -43,7 +43,7 @@ class NoticeFollower(Follower):
         self.sent: set[tuple[str, str]] = set()  # (task id, run id) of the wake-ups told
 
     def opening(self) -> list[str]:
-        """What is owed now (a stream that reconnects is told again), then what comes."""
+        """Return what is owed now (a stream that reconnects is told again), then what comes."""
         self.last = (
             Conversation.objects.filter(pk=self.conversation_id)
             .values_list("last_seq", flat=True)

@@ -101,7 +101,7 @@ def response(request_id, result: dict) -> dict:
 
 
 def error_response(request_id, error: McpError) -> dict:
-    """An error response; `id` is null when the request's own could not be read."""
+    """Return an error response; `id` is null when the request's own could not be read."""
     return {"jsonrpc": "2.0", "id": request_id, "error": error.body()}
 
 
@@ -192,7 +192,7 @@ def shape(method: str, version: str, result: dict) -> dict:
 
 
 def negotiate(requested: Any) -> str:
-    """The handshake version to answer an initialize with: the client's, if served."""
+    """Choose the handshake version to answer an initialize with: the client's, if served."""
     return requested if requested in HANDSHAKE else LATEST_HANDSHAKE
 
 
@@ -207,7 +207,7 @@ def unsupported(requested: Any) -> McpError:
 
 
 def form_elicitation(capabilities: Any) -> bool:
-    """Whether client capabilities declare form elicitation (`{}` means form, for old clients)."""
+    """Say whether client capabilities declare form elicitation (`{}` means form, for old clients)."""
     if not isinstance(capabilities, dict):
         return False
     elicitation = capabilities.get("elicitation")
@@ -234,7 +234,7 @@ _SENTINEL = re.compile(r"^=\?base64\?(?P<payload>.*)\?=$")
 
 
 def decode_header(value: str | None) -> str | None:
-    """A header value as sent, or the UTF-8 text of a `=?base64?…?=` one (None if malformed)."""
+    """Decode a header value as sent, or the UTF-8 text of a `=?base64?…?=` one (None if malformed)."""
     if value is None:
         return None
     match = _SENTINEL.fullmatch(value)

@@ -66,7 +66,8 @@ class Session:
         return self.version in protocol.MODERN
 
     def conversation(self) -> Conversation:
-        """The session's conversation, made now if it is not yet (ConversationNotFound: gone)."""
+        """Return the session's conversation, made now if it is not yet (ConversationNotFound:
+        gone)."""
         return lifecycle.host_conversation(
             self.conversation_id,
             owner=self.caller.user,
@@ -75,12 +76,12 @@ class Session:
         )
 
     def started(self) -> bool:
-        """Whether the conversation exists (a session that never started a task has none)."""
+        """Say whether the conversation exists (a session that never started a task has none)."""
         return Conversation.objects.filter(pk=self.conversation_id).exists()
 
 
 def open_session(caller: Caller, version: str, capabilities: Any) -> Session:
-    """A new 2025-11-25 session (the answer to `initialize`), with its signed id."""
+    """Open a new 2025-11-25 session (the answer to `initialize`), with its signed id."""
     conversation_id = ids.new_conversation_id()
     elicitation = protocol.form_elicitation(capabilities)
     payload = {"c": conversation_id, "u": caller.owner_id, "v": version, "e": elicitation}
@@ -93,7 +94,8 @@ def not_found() -> protocol.McpError:
 
 
 def resume(caller: Caller, token: str | None) -> Session:
-    """The 2025-11-25 session a request names (400 without one, 404 for one not the caller's)."""
+    """Return the 2025-11-25 session a request names (400 without one, 404 for one not the
+    caller's)."""
     if not token:
         raise protocol.invalid_request("Bad Request: Missing session ID")
     try:
@@ -109,14 +111,14 @@ def resume(caller: Caller, token: str | None) -> Session:
 
 
 def caller_conversation_id(owner_id) -> str:
-    """The conversation of a caller's 2026-07-28 requests, derived from the principal."""
+    """Return the conversation of a caller's 2026-07-28 requests, derived from the principal."""
     key = settings.SECRET_KEY.encode()
     digest = hmac.new(key, f"{SESSION_SALT}.caller:{owner_id}".encode(), hashlib.sha256).digest()
     return "conv_" + "".join(ids.ALPHABET[b & 63] for b in digest[: ids.ID_LENGTH])
 
 
 def for_caller(caller: Caller, envelope: protocol.Envelope) -> Session:
-    """The session of a 2026-07-28 request: the caller's own conversation."""
+    """Return the session of a 2026-07-28 request: the caller's own conversation."""
     return Session(
         caller,
         envelope.version,

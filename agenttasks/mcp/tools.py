@@ -119,7 +119,7 @@ AGENT_OUTPUT = {
 
 
 def served_agents() -> list[registry.AgentDef]:
-    """The agents served as tools: exposed, not opted out, not named like a task tool."""
+    """Return the agents served as tools: exposed, not opted out, not named like a task tool."""
     reserved = {*TASK_TOOLS, ANSWER}
     return [a for a in registry.agents() if a.expose and a.mcp and a.id not in reserved]
 
@@ -129,7 +129,7 @@ def served_agent(name: str) -> registry.AgentDef | None:
 
 
 def catalogue() -> list[dict]:
-    """Every tool, as tools/list describes it."""
+    """Return every tool, as tools/list describes it."""
     out = []
     for spec in tt.task_tools(None):
         out.append(_entry(spec.name, spec.description, spec.parameters, ANNOTATIONS[spec.name]))
@@ -153,7 +153,7 @@ def _entry(name: str, description: str, parameters: dict, annotations: dict) -> 
 
 
 def instructions() -> str:
-    """The server's instructions: what the tools are for, and the agents spawn_task takes."""
+    """Return the server's instructions: what the tools are for, and the agents spawn_task takes."""
     agents = ", ".join(f"{a.id} ({a.does})" if a.does else a.id for a in served_agents())
     return (
         "Durable background tasks (agenttasks). spawn_task starts a task and returns its id at "
@@ -169,7 +169,7 @@ def instructions() -> str:
 
 
 def check(name: str, arguments: Any) -> dict:
-    """The call's arguments when they fit the tool's schema (INVALID_PARAMS otherwise)."""
+    """Return the call's arguments when they fit the tool's schema (INVALID_PARAMS otherwise)."""
     arguments = {} if arguments is None else arguments
     if name in TASK_TOOLS:
         parameters, strict = next(t for t in tt.task_tools(None) if t.name == name).parameters, True
@@ -204,7 +204,7 @@ def check_label(label: str) -> None:
 
 
 def waits(name: str, args: dict) -> bool:
-    """Whether a (checked) call may wait: an agent's, or task_status with wait_seconds."""
+    """Say whether a (checked) call may wait: an agent's, or task_status with wait_seconds."""
     if name == "task_status":
         return bool(args.get("task_id")) and args.get("wait_seconds", 0) > 0
     return name not in TASK_TOOLS and name != ANSWER
@@ -229,7 +229,7 @@ def error_result(exc_or_text) -> dict:
 
 
 def waiting_text(task: Task) -> str:
-    """What a task waiting for input asks, and how to answer it."""
+    """Return what a task waiting for input asks, and how to answer it."""
     actions = list(
         PendingAction.objects.filter(pk__in=lifecycle.waiting_on(task)).order_by("created_at", "id")
     )
@@ -270,7 +270,7 @@ class TaskTools:
         return from_tool(self.specs[name].run(args, self.tool_call_id))
 
     def owned(self, task_id: str) -> Task:
-        """A task of the session's conversation; any other (another user's) does not exist."""
+        """Return a task of the session's conversation; any other (another user's) does not exist."""
         task = (
             Task.objects.select_related("run")
             .spawned_from(self.session.conversation_id)
@@ -338,7 +338,7 @@ class TaskTools:
         return text_result(f"action {action.id}: {action.status}\n" + tt.describe(tt.unnamed(info)))
 
     def answerable(self, action_id: str) -> tuple[PendingAction | None, Task | None]:
-        """The action and the session's task it holds up (its own, or one it escalated to)."""
+        """Return the action and the session's task it holds up (its own, or one it escalated to)."""
         if "\x00" in action_id:
             return None, None
         action = PendingAction.objects.select_related("task").filter(pk=action_id).first()

@@ -43,7 +43,7 @@ READS = {"initialize", "ping", "server/discover", "tools/list", "logging/setLeve
 
 
 def bearer_authenticators() -> list:
-    """The REST API's authenticators, and its token authentication under `Bearer` as well."""
+    """Return the REST API's authenticators, and its token authentication under `Bearer` as well."""
     out = []
     for authenticator in permissions.authenticators():
         out.append(authenticator)
@@ -55,7 +55,7 @@ def bearer_authenticators() -> list:
 
 
 def accepts(request) -> tuple[bool, bool]:
-    """Whether the client takes JSON and SSE answers (no Accept header: anything)."""
+    """Say whether the client takes JSON and SSE answers (no Accept header: anything)."""
     header = request.META.get("HTTP_ACCEPT") or "*/*"
     types = {part.split(";", 1)[0].strip().lower() for part in header.split(",")}
     anything = "*/*" in types
@@ -70,7 +70,7 @@ def sse_frame(message: dict) -> str:
 
 
 def json_frame(message: dict) -> str:
-    """A plain JSON answer carries the response alone."""
+    """Return a plain JSON answer: it carries the response alone."""
     return protocol.dumps(message) if "method" not in message else ""
 
 
@@ -237,7 +237,7 @@ class McpView(AppPolicies):
         return response
 
     def take(self, kind: str) -> slots.Held:
-        """One of the caller's places: a stream's is renewed while it runs; a wait's lease
+        """Take one of the caller's places: a stream's is renewed while it runs; a wait's lease
         covers the longest wait (MAX_STATUS_WAIT), as /wait's does."""
         lease = float(app_settings.SLOT_LEASE_SECONDS)
         if kind == slots.STREAM:
@@ -248,7 +248,7 @@ class McpView(AppPolicies):
     # --- GET: a session's standalone stream ------------------------------------------------
 
     def get(self, request):
-        """What the session's tasks' endings owe it, as notifications (2025-11-25).
+        """Return what the session's tasks' endings owe it, as notifications (2025-11-25).
 
         Under ASGI the stream stays open (it holds no thread) until STREAM_MAX_SECONDS, and the
         client opens it again; under WSGI it sends what is owed now and closes, telling the
@@ -288,6 +288,6 @@ class McpView(AppPolicies):
 
 
 def mount_url(request) -> str:
-    """The app's absolute mount URL, from the path this request came in on."""
+    """Return the app's absolute mount URL, from the path this request came in on."""
     path = request.path.rstrip("/")
     return request.build_absolute_uri(path[: -len("/mcp")] if path.endswith("/mcp") else path)

@@ -9,7 +9,7 @@ from ..text import iso
 
 class PendingActionQuerySet(models.QuerySet["PendingAction"]):
     def open(self) -> "PendingActionQuerySet":
-        """Actions still waiting for an answer."""
+        """Return actions still waiting for an answer."""
         return self.filter(status=ActionStatus.PENDING)
 
 

@@ -9,11 +9,12 @@ RESERVED_METADATA = ("source", "taskId")
 
 class ConversationQuerySet(models.QuerySet["Conversation"]):
     def visible(self) -> "ConversationQuerySet":
-        """Conversations that are not being deleted."""
+        """Return conversations that are not being deleted."""
         return self.filter(deleting_at__isnull=True)
 
     def being_deleted(self) -> "ConversationQuerySet":
-        """Conversations whose tree is marked for deletion (docs/lifecycle.md#deleting-a-conversation)."""
+        """Return conversations whose tree is marked for deletion
+        (docs/lifecycle.md#deleting-a-conversation)."""
         return self.filter(deleting_at__isnull=False)
 
 

@@ -7,7 +7,7 @@ from ..states import TaskStatus
 
 class DeliveryQuerySet(models.QuerySet):
     def overdue(self, cutoff: datetime) -> "DeliveryQuerySet":
-        """Deliveries that were due at `cutoff` or before and no job has made yet."""
+        """Return deliveries that were due at `cutoff` or before and no job has made yet."""
         return self.filter(due_at__lte=cutoff)
 
 

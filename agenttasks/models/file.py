@@ -6,7 +6,7 @@ from .. import ids
 
 class FileQuerySet(models.QuerySet["File"]):
     def visible(self) -> "FileQuerySet":
-        """Files whose conversation tree is not being deleted."""
+        """Return files whose conversation tree is not being deleted."""
         return self.filter(conversation__deleting_at__isnull=True)
 
 

@@ -12,7 +12,7 @@ class RunQuerySet(models.QuerySet["Run"]):
     """Runs by the named states the workers, the reaper and the guards ask for."""
 
     def active(self) -> "RunQuerySet":
-        """Runs that are queued, running or paused."""
+        """Return runs that are queued, running or paused."""
         return self.filter(status__in=RUN_ACTIVE)
 
     def lease_expired(self, cutoff: datetime) -> "RunQuerySet":
@@ -21,7 +21,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         return self.filter(silent, status=RunStatus.RUNNING)
 
     def taskless(self) -> "RunQuerySet":
-        """Runs of a conversation without a task (chat messages and wake-ups)."""
+        """Return runs of a conversation without a task (chat messages and wake-ups)."""
         return self.filter(task__isnull=True)
 
 

@@ -12,11 +12,12 @@ class TaskQuerySet(models.QuerySet["Task"]):
     """Tasks by the named states every reader asks for."""
 
     def visible(self) -> "TaskQuerySet":
-        """Tasks whose conversation tree is not being deleted."""
+        """Return tasks whose conversation tree is not being deleted."""
         return self.filter(conversation__deleting_at__isnull=True)
 
     def owned_by(self, owner_id: int | None) -> "TaskQuerySet":
-        """A principal's tasks (None: the anonymous principal's), the lookup every surface uses."""
+        """Return a principal's tasks (None: the anonymous principal's), the lookup every surface
+        uses."""
         return self.filter(owner_id=owner_id)
 
     def named(self, task_id: str) -> "Task | None":
@@ -30,11 +31,11 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return self.visible().filter(pk=task_id).first()
 
     def live(self) -> "TaskQuerySet":
-        """Tasks that are pending, running or waiting for input."""
+        """Return tasks that are pending, running or waiting for input."""
         return self.filter(status__in=LIVE)
 
     def spawned_from(self, conversation_id: str) -> "TaskQuerySet":
-        """Tasks a conversation spawned, delegates (which their caller drives) excluded."""
+        """Return tasks a conversation spawned, delegates (which their caller drives) excluded."""
         return self.filter(parent_conversation_id=conversation_id).exclude(kind=TaskKind.DELEGATE)
 
     def newest_first(self) -> "TaskQuerySet":

@@ -40,7 +40,7 @@ def ask_user(ctx, args):
 
 
 def approval_prompt(spec, args: dict) -> str:
-    """The prompt of an approval: the tool's own template when it formats, else the default."""
+    """Return the prompt of an approval: the tool's own template when it formats, else the default."""
     if spec.approval_prompt:
         try:
             return spec.approval_prompt.format_map(args)
@@ -51,7 +51,7 @@ def approval_prompt(spec, args: dict) -> str:
 
 
 def approval_request(spec, call_id: str, args: dict, deadline: dict) -> ActionRequest:
-    """The PendingAction a call of a tool that needs approval asks for."""
+    """Return the PendingAction a call of a tool that needs approval asks for."""
     return ActionRequest(
         kind="approval",
         tool_name=spec.name,
@@ -63,7 +63,7 @@ def approval_request(spec, call_id: str, args: dict, deadline: dict) -> ActionRe
 
 
 def question_request(call_id: str, args: dict, deadline: dict) -> ActionRequest:
-    """The PendingAction an `ask_user` call asks for."""
+    """Return the PendingAction an `ask_user` call asks for."""
     options = [str(option) for option in args.get("options") or []]
     question = {"question": args["question"], "options": options}
     return ActionRequest(
@@ -77,7 +77,7 @@ def question_request(call_id: str, args: dict, deadline: dict) -> ActionRequest:
 
 
 def denial(action) -> ToolResult | None:
-    """The result of an approval that was not given, or None when it was approved."""
+    """Return the result of an approval that was not given, or None when it was approved."""
     if action.status == "approved":
         return None
     if action.status == "expired":
@@ -87,7 +87,7 @@ def denial(action) -> ToolResult | None:
 
 
 def answer(action) -> ToolResult:
-    """The result of an answered (or lapsed) question: the answer text, verbatim."""
+    """Return the result of an answered (or lapsed) question: the answer text, verbatim."""
     if action.status == "expired":
         return ToolResult(QUESTION_LAPSED, is_error=True)
     answers = (action.resolution or {}).get("answers") or {}
@@ -105,6 +105,6 @@ def answer(action) -> ToolResult:
 
 
 def approved_args(action) -> dict:
-    """The arguments an approved call runs with: the replacement the answer carries, if any."""
+    """Return the arguments an approved call runs with: the replacement the answer carries, if any."""
     replacement = (action.resolution or {}).get("args")
     return replacement if isinstance(replacement, dict) else dict(action.args or {})

@@ -208,7 +208,8 @@ class RunContext:
     # what the conversation holds ------------------------------------------------------------
     @property
     def messages(self) -> list[dict]:
-        """The conversation's messages so far: user, assistant and notification, oldest first."""
+        """Return the conversation's messages so far: user, assistant and notification, oldest
+        first."""
         roles = {
             "message.user": "user",
             "message.assistant": "assistant",
@@ -227,7 +228,7 @@ class RunContext:
 
     @property
     def latest_user_message(self) -> str:
-        """The newest user message (or wake-up notification): what started this run."""
+        """Return the newest user message (or wake-up notification): what started this run."""
         # Every run starts from the message that made it (input, comment, message, retry prompt,
         # continuation, notification), and a resumed run keeps its input.
         return self.input
@@ -243,7 +244,7 @@ class RunContext:
 
     @property
     def metadata(self) -> dict:
-        """The task's metadata with `comments`: every comment, oldest first."""
+        """Return the task's metadata with `comments`: every comment, oldest first."""
         if self.task is None:
             return {"comments": []}
         comments = [
@@ -255,21 +256,21 @@ class RunContext:
     # delegation and budgets ------------------------------------------------------------------
     @property
     def depth(self) -> int:
-        """The run's delegation depth: 1 unless its conversation belongs to a delegate task."""
+        """Return the run's delegation depth: 1 unless its conversation belongs to a delegate task."""
         if self._depth is None:
             self._depth = depth_of(self.conversation.id)
         return self._depth
 
     @property
     def callers(self) -> list:
-        """The CallerLinks above this run, nearest first (empty unless it is a delegate's)."""
+        """Return the CallerLinks above this run, nearest first (empty unless it is a delegate's)."""
         if self._callers is None:
             self._callers = detached_callers(self)
         return self._callers
 
     @property
     def window(self) -> Window:
-        """The run's own budget window (it continues the totals of a paused run it resumes)."""
+        """Return the run's own budget window (it continues the totals of a paused run it resumes)."""
         if self._window is None:
             self._window = Window.for_run(self.run, self.agent)
         return self._window
@@ -279,7 +280,7 @@ class RunContext:
         return Budget(self.window, [link.window for link in self.callers])
 
     def stop_flags(self) -> list[StopFlag]:
-        """This run's stop flag and those of the callers it executes inline for."""
+        """Return this run's stop flag and those of the callers it executes inline for."""
         return [self.stop, *(link.flag for link in self.callers if link.flag is not None)]
 
     def wait(self, seconds: float, ready=None, woken: threading.Event | None = None) -> bool:
@@ -310,7 +311,7 @@ class RunContext:
                 flag.wake(woken, on=False)
 
     def stop_now(self) -> bool:
-        """Whether this run, or a caller it executes inline for, was told to stop now."""
+        """Say whether this run, or a caller it executes inline for, was told to stop now."""
         if self.stop.now:
             return True
         if any(link.flag is not None and link.flag.now for link in self.callers):

@@ -21,7 +21,8 @@ class BudgetExceeded(Exception):
 
 
 def budget_message(limit: str, value, caller: str | None = None) -> str:
-    """The sentence (docs/delegation.md#budget-messages) for a limit of this window (caller None) or of a calling agent's."""
+    """Return the sentence (docs/delegation.md#budget-messages) for a limit of this window (caller
+    None) or of a calling agent's."""
     head = f"The {limit} budget ({format(value, 'g')})"
     return (
         f'{head} of the calling agent "{caller}" was reached' if caller else f"{head} was reached"
@@ -181,7 +182,7 @@ class Budget:
         return self._first(turns=True, calls=calls)
 
     def exhausted(self) -> str:
-        """Whether a subtask may still start: no tokens, tool calls or wall time left."""
+        """Say whether a subtask may still start: no tokens, tool calls or wall time left."""
         return self._first(turns=False, spent=True)
 
     def wall_reached(self) -> str:
@@ -192,7 +193,7 @@ class Budget:
         return ""
 
     def wall_deadline(self) -> tuple[float | None, str]:
-        """The seconds left before the nearest wall budget runs out, and its message."""
+        """Return the seconds left before the nearest wall budget runs out, and its message."""
         best, message = None, ""
         for window, caller in [(self.own, None)] + [(w, w.agent_id) for w in self.callers]:
             left = window.wall_left()

@@ -15,12 +15,13 @@ DELEGATE = TaskKind.DELEGATE
 
 
 def depth_of(conversation_id: str) -> int:
-    """The delegation depth of a run on this conversation (1 unless it is a delegate's)."""
+    """Return the delegation depth of a run on this conversation (1 unless it is a delegate's)."""
     return len(escalation_path(conversation_id))
 
 
 def detached_callers(ctx) -> list[CallerLink]:
-    """The windows of a delegate's paused callers, from their recorded totals (nearest first).
+    """Return the windows of a delegate's paused callers, from their recorded totals (nearest
+    first).
 
     A child resumed by a worker while its callers are paused gets their remaining budget as its
     allowance; its spend reaches them when their replayed calls absorb it.

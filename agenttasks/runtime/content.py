@@ -21,13 +21,13 @@ def _inlined(mime_type: str) -> bool:
 
 
 def note(ref: dict, why: str = "") -> dict:
-    """The one-line note of a file the model cannot read here."""
+    """Return the one-line note of a file the model cannot read here."""
     text = f"[Attached file: {ref.get('name')} ({ref.get('mimeType')}, {ref.get('size')} bytes)"
     return {"type": "text", "text": text + (f"; {why}]" if why else "]")}
 
 
 def part(ref: dict, row: File | None) -> dict:
-    """One file's content part."""
+    """Return one file's content part."""
     mime_type = (ref.get("mimeType") or "").lower()
     if row is None or not (mime_type in IMAGE_TYPES or _inlined(mime_type)):
         return note(ref, "" if row is not None else "no longer available")
@@ -46,7 +46,7 @@ def part(ref: dict, row: File | None) -> dict:
 
 
 def user_content(content: str, refs: list) -> str | list[dict]:
-    """A user message's content: the text, then one part per file (the text alone without)."""
+    """Return a user message's content: the text, then one part per file (the text alone without)."""
     refs = [r for r in refs or [] if isinstance(r, dict)]
     if not refs:
         return content

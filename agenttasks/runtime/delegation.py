@@ -64,7 +64,7 @@ class CallResult:
 
 
 def description(team) -> str:
-    """The tool description: the team, sorted by id, with each registered member's `does`."""
+    """Return the tool description: the team, sorted by id, with each registered member's `does`."""
     entries = []
     for member in sorted(set(team)):
         try:
@@ -80,7 +80,7 @@ def _run_by_dispatcher(ctx, args):
 
 
 def task_spec(team) -> ToolSpec:
-    """The `task` tool of an agent with this team."""
+    """Return the `task` tool of an agent with this team."""
     return ToolSpec("task", description(team), PARAMETERS, _run_by_dispatcher)
 
 
@@ -378,7 +378,7 @@ class Dispatcher(threading.Thread):
             connection.close()
 
     def stop(self) -> None:
-        """The caller was told to stop now: start nothing more and stop every live child."""
+        """Stop, the caller being told to stop now: start nothing more and stop every live child."""
         self._stopping = True
         live = Task.objects.filter(
             parent_conversation_id=self.ctx.conversation_id, kind=DELEGATE, status__in=LIVE

@@ -53,7 +53,8 @@ class Response:
 
 
 def request_body(model: str, messages: list, tools: list, params: dict) -> bytes:
-    """The request body: model, messages, tools and tool_choice (only with tools), then params."""
+    """Return the request body: model, messages, tools and tool_choice (only with tools), then
+    params."""
     body = {"model": model, "messages": messages}
     if tools:
         body["tools"] = tools
@@ -111,7 +112,8 @@ def parse_response(response: httpx.Response) -> Response:
 
 
 def from_message(message: dict, usage) -> Response:
-    """A Response from `choices[0].message` and `usage` (answered whole or joined from a stream)."""
+    """Return a Response from `choices[0].message` and `usage` (answered whole or joined from a
+    stream)."""
     return Response(_content(message.get("content")), _calls(message), _usage(usage))
 
 

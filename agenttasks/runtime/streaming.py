@@ -77,7 +77,7 @@ class Accumulator:
                 slot["function"]["arguments"] += function["arguments"]
 
     def message(self) -> tuple[dict, object]:
-        """The joined message (as `choices[0].message` would be) and the usage."""
+        """Return the joined message (as `choices[0].message` would be) and the usage."""
         message: dict = {"content": "".join(self.parts) if self.seen_content else None}
         if self.calls:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]

@@ -94,12 +94,12 @@ STOP_PARAMETERS = _schema(
 
 
 def model_text(exc: BaseException) -> str:
-    """What a refusal says to a model: a lifecycle error's model text, else the error's own."""
+    """Return what a refusal says to a model: a lifecycle error's model text, else the error's own."""
     return exc.model_message() if isinstance(exc, TaskError) else str(exc)
 
 
 def tool_error(exc_or_text) -> ToolResult:
-    """A tool error: the refusal's model text verbatim, nothing else."""
+    """Return a tool error: the refusal's model text verbatim, nothing else."""
     text = model_text(exc_or_text) if isinstance(exc_or_text, BaseException) else exc_or_text
     return ToolResult(str(text), is_error=True)
 
@@ -125,12 +125,12 @@ def describe(info: TaskInfo, progress: str | None = None) -> str:
 
 
 def unnamed(info: TaskInfo) -> TaskInfo:
-    """The task without its agent: only a spawn result's card names the agent."""
+    """Return the task without its agent: only a spawn result's card names the agent."""
     return dataclasses.replace(info, agent="")
 
 
 def tool_result(info: TaskInfo, progress: str | None = None) -> ToolResult:
-    """The status card of a task."""
+    """Return the status card of a task."""
     return ToolResult(
         describe(info, progress),
         display="task",
@@ -281,7 +281,7 @@ def control_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:
 
 
 def attachable(conversation, task=None) -> bool:
-    """Whether a run on this conversation gets the tools: not a task's, or one below MAX_DEPTH.
+    """Say whether a run on this conversation gets the tools: not a task's, or one below MAX_DEPTH.
 
     `task`, when the caller has it, is the task whose own conversation this is (no lookup).
     """

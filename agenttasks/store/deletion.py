@@ -56,14 +56,14 @@ def stop_runs(tree: list[str]) -> None:
 
 
 def stored_files(tree: list[str]) -> list[str]:
-    """The storage names of the files of a conversation tree."""
+    """Return the storage names of the files of a conversation tree."""
     return list(
         File.objects.filter(conversation_id__in=tree).values_list("storage_name", flat=True)
     )
 
 
 def interrupted_deletes() -> list[str]:
-    """The roots of marked trees whose delete has not finished (an interrupted delete)."""
+    """Return the roots of marked trees whose delete has not finished (an interrupted delete)."""
     marked = Conversation.objects.being_deleted()
     # A marked tree's root: no parent, or a parent that is not marked itself.
     return list(

@@ -42,7 +42,7 @@ class Leases:
         connection.close()
 
     def beat(self, run_ids: Sequence[str], worker: str, *, refresh: bool) -> dict[str, str]:
-        """The stop requests of the runs `worker` holds, by id, their leases refreshed with
+        """Return the stop requests of the runs `worker` holds, by id, their leases refreshed with
         `refresh`. A run that is gone, or that another worker holds now, is left out."""
         if not run_ids:
             return {}

@@ -37,7 +37,7 @@ def active_count(owner_id: int | None) -> int:
 
 
 def over_limit(owner_id: int | None, limit: int) -> bool:
-    """Whether one more active task would take the user past `limit` (0 = no limit)."""
+    """Say whether one more active task would take the user past `limit` (0 = no limit)."""
     return bool(limit) and owner_id is not None and active_count(owner_id) >= limit
 
 

@@ -32,7 +32,7 @@ ATTEMPTS = 4
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Whether PostgreSQL rolled the transaction back as a deadlock (or serialization) victim."""
+    """Say whether PostgreSQL rolled the transaction back as a deadlock (or serialization) victim."""
     return getattr(exc.__cause__, "sqlstate", None) in RETRIED_STATES
 
 
@@ -184,7 +184,7 @@ def hold_task(log: Log, task: Task, *, parent: bool = True) -> None:
 
 
 def task_status_data(task: Task, previous: str | None, reason: str = "") -> dict[str, Any]:
-    """The data of a task.status event: where the task went, on which run and attempt."""
+    """Return the data of a task.status event: where the task went, on which run and attempt."""
     data: dict[str, Any] = {"taskId": task.id}
     if previous is not None:
         data["from"] = previous
@@ -244,7 +244,7 @@ def user_message_data(
     comment_id: str | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The data of a message.user event."""
+    """Return the data of a message.user event."""
     data: dict[str, Any] = {"content": content, "origin": origin}
     if files:
         data["files"] = files

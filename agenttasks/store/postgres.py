@@ -30,7 +30,7 @@ CHECK_VIOLATION = "23514"
 
 
 def enabled() -> bool:
-    """Whether the transitions run as SQL functions (PostgreSQL)."""
+    """Say whether the transitions run as SQL functions (PostgreSQL)."""
     return connection.vendor == "postgresql"
 
 
@@ -117,7 +117,7 @@ def _linked(answer: dict[str, Any]) -> tuple[Task | None, Run]:
 def event(
     conversation_id: str, type: str, data: dict[str, Any], run_id: str, task_id: str
 ) -> dict[str, Any]:
-    """An event as `agenttasks_append` takes it (the function numbers it)."""
+    """Return an event as `agenttasks_append` takes it (the function numbers it)."""
     return {
         "conversation_id": conversation_id,
         "type": type,

@@ -117,7 +117,7 @@ def end_run(log: Log, run: Run, status: str, now: datetime, error: str = "") -> 
 
 
 def owes_wakeup(task: Task) -> bool:
-    """Whether an ending of this task owes its result to a parent conversation."""
+    """Say whether an ending of this task owes its result to a parent conversation."""
     return bool(task.parent_conversation_id) and task.kind != TaskKind.DELEGATE
 
 

@@ -254,7 +254,7 @@ def conversation_busy(conversation_id: str) -> ConversationBusy | None:
 
 
 def escalations_open(run: Run) -> bool:
-    """Whether a delegate child this run escalated (`task.escalated`) has not settled yet."""
+    """Say whether a delegate child this run escalated (`task.escalated`) has not settled yet."""
     children = Event.objects.filter(
         conversation_id=run.conversation_id, type="task.escalated", run_id=run.id
     ).values_list("task_id", flat=True)
@@ -262,12 +262,12 @@ def escalations_open(run: Run) -> bool:
 
 
 def held(run: Run) -> bool:
-    """Whether a paused run still waits: on an action of its own or an escalated child."""
+    """Say whether a paused run still waits: on an action of its own or an escalated child."""
     return PendingAction.objects.open().filter(run_id=run.id).exists() or escalations_open(run)
 
 
 def pending_actions_below(conversation_id: str) -> PendingActionQuerySet:
-    """The pending actions of a conversation and of its delegate descendants, oldest first."""
+    """Return the pending actions of a conversation and of its delegate descendants, oldest first."""
     tree, frontier = [conversation_id], [conversation_id]
     while frontier:
         frontier = list(

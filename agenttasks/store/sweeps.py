@@ -24,7 +24,7 @@ BATCH = 500
 
 
 def lease_cutoff() -> datetime:
-    """The heartbeat time before which a running run is presumed dead."""
+    """Return the heartbeat time before which a running run is presumed dead."""
     return timezone.now() - timedelta(seconds=app_settings.LEASE_TIMEOUT)
 
 
@@ -53,7 +53,7 @@ def fail_orphans() -> list[Task]:
 
 
 def stuck_endings() -> list[tuple[Task, RunOutcome]]:
-    """Tasks still naming a run whose ending was recorded by a worker that then died."""
+    """Return tasks still naming a run whose ending was recorded by a worker that then died."""
     tasks = (
         Task.objects.visible()
         .select_related("run")
@@ -113,7 +113,7 @@ REQUEUE_BATCH = 1000
 
 
 def stale_queued(now: datetime) -> models.QuerySet[Run]:
-    """Current queued runs older than REQUEUE_AFTER that are due for a look by the reaper."""
+    """Return current queued runs older than REQUEUE_AFTER that are due for a look by the reaper."""
     cutoff = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
     return (
         Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff)

@@ -27,7 +27,7 @@ def blank(value) -> bool:
 
 
 def metadata(value, path: str = "metadata") -> dict:
-    """A JSON object within MAX_METADATA_BYTES, measured as compact UTF-8 JSON."""
+    """Check a JSON object within MAX_METADATA_BYTES, measured as compact UTF-8 JSON."""
     if not isinstance(value, dict):
         raise errors.validation(f"{path} must be a JSON object", path)
     storable(value, path)
@@ -46,7 +46,7 @@ def reserved_free(value: dict) -> None:
 
 
 def text(value, name: str, *, required_message: str, code: str = "VALIDATION_ERROR") -> str:
-    """A required non-blank string of at most MAX_INPUT_CHARS characters."""
+    """Check a required non-blank string of at most MAX_INPUT_CHARS characters."""
     if not isinstance(value, str) or not value.strip():
         if code == "VALIDATION_ERROR":
             raise errors.validation(required_message, name)

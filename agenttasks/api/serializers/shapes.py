@@ -314,7 +314,7 @@ class PendingActionSerializer(Shape):
 
 
 def pending_actions(conversation_id: str, *, run_id: str | None = None) -> list[dict]:
-    """A conversation's pending actions (of `run_id` when given) and those escalated to it.
+    """Return a conversation's pending actions (of `run_id` when given) and those escalated to it.
 
     Escalated actions (asked in a delegate descendant's conversation) carry `conversationId`
     and `path` (docs/delegation.md#escalation).
@@ -373,7 +373,8 @@ class ConversationSerializer(Shape):
 
 
 def active_run_id(conversation: Conversation) -> str | None:
-    """The conversation's queued, running or paused run (prefetched as `active_runs` in lists)."""
+    """Return the conversation's queued, running or paused run (prefetched as `active_runs` in
+    lists)."""
     runs = getattr(conversation, "active_runs", None)
     if runs is None:
         runs = list(
@@ -546,7 +547,7 @@ class AgentSerializer(Shape):
 
 
 def files_policy(agent) -> dict:
-    """An agent's file policy as the FilePolicy shape."""
+    """Return an agent's file policy as the FilePolicy shape."""
     rules = files.policy(agent)
     return {
         "enabled": bool(rules.get("enabled", True)),

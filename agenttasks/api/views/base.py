@@ -43,7 +43,7 @@ def extend_schema(**kwargs):
 
 
 def refusals(*statuses: int) -> dict:
-    """The error answers of an operation's schema: its own statuses, and 401, 429 and 500."""
+    """Return the error answers of an operation's schema: its own statuses, and 401, 429 and 500."""
     described = {
         400: "Invalid request",
         401: "No resolved user (identity_required)",
@@ -63,7 +63,7 @@ def refusals(*statuses: int) -> dict:
 
 
 def query_param(name: str, description: str, type=OpenApiTypes.STR) -> OpenApiParameter:
-    """A query parameter of an operation's schema."""
+    """Return a query parameter of an operation's schema."""
     return OpenApiParameter(name, type, OpenApiParameter.QUERY, description=description)
 
 
@@ -77,7 +77,7 @@ LOCATION = _response_header("Location", "The full path of the new resource.", [2
 
 
 def keyed(*success: int) -> list[OpenApiParameter]:
-    """The Idempotency-Key request header, and the replay marker on the success answers."""
+    """Return the Idempotency-Key request header, and the replay marker on the success answers."""
     return [
         OpenApiParameter(
             IDEMPOTENCY_HEADER,
@@ -138,7 +138,7 @@ class ApiView(AppPolicies):
     # --- lookups: 404 first, then 403 --------------------------------------------------------
 
     def task(self, task_id: str, *, queryset=None) -> Task:
-        """The task named in the path, if it exists and the principal owns it."""
+        """Return the task named in the path, if it exists and the principal owns it."""
         rows = queryset if queryset is not None else task_rows()
         task = rows.named(task_id)
         if task is None:
@@ -147,7 +147,7 @@ class ApiView(AppPolicies):
         return task
 
     def conversation(self, conversation_id: str, *, deleting: bool = False) -> Conversation:
-        """The conversation named in the path, if the principal owns it (`deleting`: also one
+        """Return the conversation named in the path, if the principal owns it (`deleting`: also one
         whose delete has begun)."""
         if not plain_id(conversation_id):
             raise errors.not_found(f"Conversation not found: {conversation_id}")
@@ -162,24 +162,24 @@ class ApiView(AppPolicies):
         return user_of(self.request)
 
     def location(self, *parts: str) -> str:
-        """The full path of a resource created under this request's path."""
+        """Return the full path of a resource created under this request's path."""
         return "/".join([self.request.path.rstrip("/"), *parts])
 
 
 def plain_id(value: str) -> bool:
-    """Whether an id can be looked up at all (a NUL is simply not found, never a 500)."""
+    """Say whether an id can be looked up at all (a NUL is simply not found, never a 500)."""
     return "\x00" not in value
 
 
 def task_rows():
-    """Tasks with what their REST shape reads: the current run and the files, in order."""
+    """Return tasks with what their REST shape reads: the current run and the files, in order."""
     return Task.objects.select_related("run").prefetch_related(
         Prefetch("files", queryset=File.objects.order_by("created_at", "id"))
     )
 
 
 def exposed_agent(agent_id: str):
-    """The registered agent exposed over REST, or 404."""
+    """Return the registered agent exposed over REST, or 404."""
     try:
         agent = registry.get(agent_id)
     except registry.UnknownAgent:

@@ -16,7 +16,7 @@ from .base import ApiView, extend_schema, plain_id, refusals
 
 
 def readable_file(request, file_id: str) -> File:
-    """The file the caller may read (404 for an unknown id, 403 for another owner's file)."""
+    """Return the file the caller may read (404 for an unknown id, 403 for another owner's file)."""
     row = None
     if plain_id(file_id):
         row = File.objects.visible().filter(pk=file_id).first()

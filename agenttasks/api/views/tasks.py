@@ -39,7 +39,7 @@ TASK_ORDER = Keyset("tasks", ("created_at", "id"), descending=True)
 
 
 def task_detail(task: Task) -> dict:
-    """The body of GET /tasks/{id}: the task, its result and its pending actions."""
+    """Return the body of GET /tasks/{id}: the task, its result and its pending actions."""
     out: dict[str, Any] = {"task": s.TaskSerializer.present(task)}
     result = getattr(task, "task_result", None)
     if result is not None:
@@ -208,7 +208,7 @@ class TaskWaitView(ApiView):
 
 
 def seconds(raw: str | None, default: float = 30.0) -> float:
-    """A non-negative number of seconds (decimals and exponents allowed)."""
+    """Parse a non-negative number of seconds (decimals and exponents allowed)."""
     if raw is None:
         return default
     try:
