@@ -1,16 +1,16 @@
-"""Errors of the task lifecycle: what each refusal says to Python, to a model, and over REST.
+"""Errors of the task lifecycle: each refusal carries its code and its data, as DRF's do.
 
-A refusal's `str()` speaks the stored statuses (`running`, `waiting_for_input`, …), as Python and
-REST do; `model_message()` is the text the task tools hand a model verbatim, in the model-facing
-words (`working`, `input_required`). Over REST it answers `status_code` with the error envelope `{"error": {"code", "message", "details"}}` built
-from `code`, `api_message()` and `api_details()` (docs/rest.md#errors), as DRF's exceptions carry
-`status_code` and `default_code`. `.info` is the task as it was when refused (the tools show it).
+A refusal's `str()` is what Python is told, in the stored statuses (`running`,
+`waiting_for_input`, …). Every other surface words it from its `code`, `status_code` and data
+(ids, limits, statuses) in one place of its own: REST, A2A, MCP and the admin through
+`api.errors.refusal` (the envelope of docs/rest.md#errors), the model tools through
+`runtime.task_tools.model_text` (the model-facing words `working`, `input_required`). `.info` is
+the task as it was when refused (the tools show it).
 """
 
 from datetime import datetime
 from typing import Any
 
-from .states import model_status
 from .text import go_quote, iso
 
 
@@ -25,18 +25,6 @@ class TaskError(Exception):
         super().__init__(message or self.default_message)
         self.info = info
 
-    def model_message(self) -> str:
-        """Return the text a model is handed (the task tools return it verbatim)."""
-        return str(self)
-
-    def api_message(self) -> str:
-        """Return the message of the REST error envelope."""
-        return str(self)
-
-    def api_details(self) -> dict[str, Any] | None:
-        """Return the details of the REST error envelope, if any."""
-        return None
-
 
 # --- not found -------------------------------------------------------------------------------
 
@@ -45,6 +33,10 @@ class TaskNotFound(TaskError, LookupError):
     default_message = "tasks: not found"
     status_code = 404
     code = "NOT_FOUND"
+
+    def __init__(self, task_id: str = "", *, info: Any = None) -> None:
+        super().__init__(info=info)
+        self.task_id = task_id
 
 
 class RunNotFound(TaskError, LookupError):
@@ -57,6 +49,10 @@ class ConversationNotFound(TaskError, LookupError):
     default_message = "tasks: conversation not found"
     status_code = 404
     code = "NOT_FOUND"
+
+    def __init__(self, conversation_id: str = "", *, info: Any = None) -> None:
+        super().__init__(info=info)
+        self.conversation_id = conversation_id
 
 
 class ActionNotFound(TaskError, LookupError):
@@ -86,15 +82,6 @@ class TaskLimit(TaskError):
         )
         self.limit = limit
 
-    def api_message(self) -> str:
-        return (
-            f"The conversation that spawned this task already has {self.limit} tasks running; "
-            "wait for one to finish"
-        )
-
-    def api_details(self) -> dict[str, Any]:
-        return {"limit": self.limit}
-
 
 class ActiveTaskLimit(TaskError):
     """The user already has MAX_ACTIVE_TASKS_PER_USER active tasks."""
@@ -106,12 +93,6 @@ class ActiveTaskLimit(TaskError):
             f"tasks: you already have {limit} active tasks; wait for one to finish", info=info
         )
         self.limit = limit
-
-    def api_message(self) -> str:
-        return f"You already have {self.limit} active tasks; wait for one to finish"
-
-    def api_details(self) -> dict[str, Any]:
-        return {"limit": self.limit}
 
 
 # --- refusals of a task in the wrong state ---------------------------------------------------
@@ -125,23 +106,12 @@ class NotRetryable(TaskError):
     def __init__(
         self, status: str, *, task_id: str = "", delegate: bool = False, info: Any = None
     ) -> None:
-        super().__init__(self._text(status), info=info)
+        super().__init__(self.text(status), info=info)
         self.status, self.task_id, self.delegate = status, task_id, delegate
 
-    @staticmethod
-    def _text(status: str) -> str:
+    def text(self, status: str) -> str:
+        """Return this refusal's text with `status` in the words of its reader."""
         return f"tasks: cannot retry a task that is {status}; only a failed task can be retried"
-
-    def model_message(self) -> str:
-        return self._text(model_status(self.status))
-
-    def api_message(self) -> str:
-        if self.delegate:
-            return f"Task {self.task_id} is a delegate task; it is driven by its caller"
-        return f"Only a failed task can be retried; task {self.task_id} is {self.status}"
-
-    def api_details(self) -> dict[str, Any]:
-        return {"status": self.status}
 
 
 class RetryLimit(TaskError):
@@ -154,22 +124,10 @@ class RetryLimit(TaskError):
         )
         self.limit, self.task_id, self.attempt = limit, task_id, attempt
 
-    def api_message(self) -> str:
-        return (
-            f"Task {self.task_id} has already used its {self.limit} attempts; create a new "
-            "task instead"
-        )
-
-    def api_details(self) -> dict[str, Any]:
-        return {"limit": self.limit, "attempt": self.attempt}
-
 
 class RetryConflict(TaskError):
     default_message = "tasks: another writer claimed this task first; try again"
     code = "retry_conflict"
-
-    def api_message(self) -> str:
-        return "Another request claimed this task first; try again"
 
 
 class AlreadyFinal(TaskError):
@@ -178,17 +136,12 @@ class AlreadyFinal(TaskError):
     code = "task_finished"
 
     def __init__(self, status: str, *, task_id: str = "", info: Any = None) -> None:
-        super().__init__(f"tasks: task already {status}", info=info)
+        super().__init__(self.text(status), info=info)
         self.status, self.task_id = status, task_id
 
-    def model_message(self) -> str:
-        return f"tasks: task already {model_status(self.status)}"
-
-    def api_message(self) -> str:
-        return f"Task {self.task_id} has already {self.status}"
-
-    def api_details(self) -> dict[str, Any]:
-        return {"status": self.status}
+    def text(self, status: str) -> str:
+        """Return this refusal's text with `status` in the words of its reader."""
+        return f"tasks: task already {status}"
 
 
 class TaskBusy(TaskError):
@@ -199,25 +152,14 @@ class TaskBusy(TaskError):
     def __init__(
         self, status: str, *, task_id: str = "", delegate: bool = False, info: Any = None
     ) -> None:
-        super().__init__(self._text(status, delegate), info=info)
         self.status, self.task_id, self.delegate = status, task_id, delegate
+        super().__init__(self.text(status), info=info)
 
-    @staticmethod
-    def _text(status: str, delegate: bool) -> str:
-        if delegate:
+    def text(self, status: str) -> str:
+        """Return this refusal's text with `status` in the words of its reader."""
+        if self.delegate:
             return "tasks: a delegate task is driven by its caller"
         return f"tasks: task is {status}"
-
-    def model_message(self) -> str:
-        return self._text(model_status(self.status), self.delegate)
-
-    def api_message(self) -> str:
-        if self.delegate:
-            return f"Task {self.task_id} is a delegate task; it is driven by its caller"
-        return f"Task {self.task_id} is {self.status}; wait for it to finish or cancel it"
-
-    def api_details(self) -> dict[str, Any]:
-        return {"status": self.status}
 
 
 class ActionPending(TaskError):
@@ -228,12 +170,6 @@ class ActionPending(TaskError):
     def __init__(self, action_ids: Any = (), *, task_id: str = "", info: Any = None) -> None:
         super().__init__("tasks: task is waiting on an approval or a question", info=info)
         self.action_ids, self.task_id = list(action_ids), task_id
-
-    def api_message(self) -> str:
-        return f"Task {self.task_id} is waiting on an approval or a question; answer it first"
-
-    def api_details(self) -> dict[str, Any]:
-        return {"actionIds": self.action_ids}
 
 
 class ConversationBusy(TaskError):
@@ -246,16 +182,6 @@ class ConversationBusy(TaskError):
         self.conversation_id = conversation_id
         self.run_id = run_id
         self.action_ids = list(action_ids)
-
-    def api_message(self) -> str:
-        if self.action_ids:
-            return f"Conversation {self.conversation_id} is waiting on an approval or a question"
-        return f"Conversation {self.conversation_id} has a run in progress"
-
-    def api_details(self) -> dict[str, Any]:
-        if self.action_ids:
-            return {"actionIds": self.action_ids}
-        return {"runId": self.run_id}
 
 
 class ActionResolved(TaskError):
@@ -278,12 +204,6 @@ class ActionResolved(TaskError):
     @classmethod
     def expired(cls, action_id: str, status: str, deadline: datetime) -> "ActionResolved":
         return cls(action_id, status, reason=f"expired at {iso(deadline)}")
-
-    def api_message(self) -> str:
-        return f"Action {self.action_id} {self.reason}"
-
-    def api_details(self) -> dict[str, Any]:
-        return {"status": self.status}
 
 
 # --- faults ----------------------------------------------------------------------------------

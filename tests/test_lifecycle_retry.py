@@ -17,7 +17,7 @@ from agenttasks import lifecycle, store
 from agenttasks.conf import app_settings
 from agenttasks.exceptions import LaunchFailed, NotRetryable, RetryLimit, TaskError, TaskLimit
 from agenttasks.models import Run, Wakeup
-from agenttasks.runtime.task_tools import task_tools
+from agenttasks.runtime.task_tools import model_text, task_tools
 from agenttasks.types import ActionRequest, RunOutcome, StopOutcome
 
 from .conftest import run_threads
@@ -144,7 +144,7 @@ def test_7_2_3_only_a_failed_task_is_retried(h):
         assert str(refused.value) == (
             f"tasks: cannot retry a task that is {status}; only a failed task can be retried"
         )
-        assert refused.value.model_message() == (
+        assert model_text(refused.value) == (
             f"tasks: cannot retry a task that is {name}; only a failed task can be retried"
         )
         assert refused.value.info.status == status and refused.value.info.task_id == t

@@ -41,6 +41,7 @@ from agenttasks.models import (
     Wakeup,
 )
 from agenttasks.runtime.base import Reply
+from agenttasks.runtime.task_tools import model_text
 from agenttasks.types import ActionRequest, Continuation, RunOutcome, StopOutcome
 from agenttasks.wakeups import PREFIX
 
@@ -335,7 +336,7 @@ def test_7_9_4_comment_refusals(parent, parent_run, user):
         with pytest.raises(TaskBusy) as raised:
             lifecycle.comment(t, "hello?", author=user)
         assert str(raised.value) == f"tasks: task is {status}"  # the stored status
-        assert raised.value.model_message() == "tasks: task is working"  # a model's word
+        assert model_text(raised.value) == "tasks: task is working"  # a model's word
         assert raised.value.status == status and raised.value.info.status == status
         assert _counts(t) == before
 

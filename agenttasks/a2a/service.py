@@ -245,7 +245,7 @@ def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None
     except TaskError as exc:
         if exc.status_code >= 500:
             raise
-        reason = exc.api_message()
+        reason = api_errors.refusal(exc).message
         context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
         return mapping.rejected(reason, context, req.proto.message), None
     except callbacks.CallbackURLError as exc:

@@ -117,11 +117,12 @@ def translate(exc) -> Exception:
             else InvalidRequestError(exc.message)
         )
     if isinstance(exc, TaskError) and exc.status_code < 500:
+        message = api_errors.refusal(exc).message
         if exc.status_code == 404:
-            return TaskNotFoundError(exc.api_message())
+            return TaskNotFoundError(message)
         if exc.status_code == 429:
-            return HttpRefusal(429, exc.api_message())
-        return UnsupportedOperationError(exc.api_message())
+            return HttpRefusal(429, message)
+        return UnsupportedOperationError(message)
     if isinstance(exc, exceptions.MethodNotAllowed):
         return HttpRefusal(405, str(exc.detail))
     logger.error("a2a.internal_error", exc_info=(type(exc), exc, exc.__traceback__))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from django.contrib import messages
 
 from .. import lifecycle
+from ..api import errors as api_errors
 from ..exceptions import (
     ActionResolved,
     AlreadyFinal,
@@ -135,7 +136,7 @@ def resolve(action: PendingAction, resolution: dict) -> tuple[str, bool]:
     try:
         task = lifecycle.resolve_as_person(action.pk, resolution)
     except ActionResolved as exc:  # settled, stale, or expired (its timeout applied now)
-        return f"{exc.api_message()}.", False
+        return f"{api_errors.refusal(exc).message}.", False
     except TaskError as exc:  # deleted or moved meanwhile
         return f"Action {action.pk} was not answered: {exc}", False
     done = {"approved": "Approved", "denied": "Denied", "answered": "Answered"}

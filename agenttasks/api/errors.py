@@ -16,7 +16,21 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from ..conf import app_settings
-from ..exceptions import TaskError
+from ..exceptions import (
+    ActionPending,
+    ActionResolved,
+    ActiveTaskLimit,
+    AlreadyFinal,
+    ConversationBusy,
+    ConversationNotFound,
+    NotRetryable,
+    RetryConflict,
+    RetryLimit,
+    TaskBusy,
+    TaskError,
+    TaskLimit,
+    TaskNotFound,
+)
 from ..files import FileRefused
 
 logger = logging.getLogger("agenttasks.api")
@@ -88,14 +102,77 @@ def method_not_allowed(request) -> ApiError:
     )
 
 
+def refusal(exc: TaskError) -> ApiError:
+    """Word a refusal of the lifecycle for REST from its code and data (docs/rest.md#errors).
+
+    REST's words are also A2A's, MCP's and the admin's; the model tools have their own
+    (`runtime.task_tools.model_text`), and Python reads `str(exc)`.
+    """
+    message, details = _words(exc)
+    return ApiError(exc.status_code, exc.code, message, details)
+
+
+def _words(exc: TaskError) -> tuple[str, dict | None]:
+    delegate = f"Task {getattr(exc, 'task_id', '')} is a delegate task; it is driven by its caller"
+    match exc:
+        case TaskNotFound(task_id=task_id) if task_id:
+            return f"Task not found: {task_id}", None
+        case ConversationNotFound(conversation_id=conversation_id) if conversation_id:
+            return f"Conversation not found: {conversation_id}", None
+        case TaskLimit(limit=limit):
+            return (
+                f"The conversation that spawned this task already has {limit} tasks running; "
+                "wait for one to finish",
+                {"limit": limit},
+            )
+        case ActiveTaskLimit(limit=limit):
+            return f"You already have {limit} active tasks; wait for one to finish", {
+                "limit": limit
+            }
+        case NotRetryable(delegate=True) | TaskBusy(delegate=True):
+            return delegate, {"status": exc.status}
+        case NotRetryable(status=status, task_id=task_id):
+            return f"Only a failed task can be retried; task {task_id} is {status}", {
+                "status": status
+            }
+        case RetryLimit(limit=limit, task_id=task_id, attempt=attempt):
+            return (
+                f"Task {task_id} has already used its {limit} attempts; create a new task instead",
+                {"limit": limit, "attempt": attempt},
+            )
+        case RetryConflict():
+            return "Another request claimed this task first; try again", None
+        case AlreadyFinal(status=status, task_id=task_id):
+            return f"Task {task_id} has already {status}", {"status": status}
+        case TaskBusy(status=status, task_id=task_id):
+            return (
+                f"Task {task_id} is {status}; wait for it to finish or cancel it",
+                {"status": status},
+            )
+        case ActionPending(action_ids=action_ids, task_id=task_id):
+            return (
+                f"Task {task_id} is waiting on an approval or a question; answer it first",
+                {"actionIds": action_ids},
+            )
+        case ConversationBusy(conversation_id=conversation_id, action_ids=[_, *_] as action_ids):
+            return (
+                f"Conversation {conversation_id} is waiting on an approval or a question",
+                {"actionIds": action_ids},
+            )
+        case ConversationBusy(conversation_id=conversation_id, run_id=run_id):
+            return f"Conversation {conversation_id} has a run in progress", {"runId": run_id}
+        case ActionResolved(action_id=action_id, status=status, reason=reason):
+            return f"Action {action_id} {reason}", {"status": status}
+    return str(exc), None
+
+
 def translate(exc, context) -> ApiError | None:
     """Map DRF's and Django's exceptions onto the envelope; None for a real fault."""
     request = context.get("request")
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, TaskError) and exc.status_code < 500:
-        # A refusal of the lifecycle carries its own status, code, message and details.
-        return ApiError(exc.status_code, exc.code, exc.api_message(), exc.api_details())
+        return refusal(exc)
     if isinstance(exc, FileRefused):
         return ApiError(exc.status, exc.code, exc.message, exc.details)
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):

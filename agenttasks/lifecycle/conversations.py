@@ -55,7 +55,7 @@ def host_conversation(
     )
     owner_id = owner.pk if owner is not None else None
     if conversation.agent or conversation.owner_id != owner_id or conversation.deleting_at:
-        raise ConversationNotFound()
+        raise ConversationNotFound(conversation_id)
     return conversation
 
 
@@ -82,7 +82,7 @@ def post_message(
     """
     conversation = Conversation.objects.filter(pk=conversation_id).first()
     if conversation is None:
-        raise ConversationNotFound()
+        raise ConversationNotFound(conversation_id)
     rules = files.policy(registry.get(conversation.agent)) if uploads else {}
     if uploads:
         existing = File.objects.filter(conversation_id=conversation_id).count()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import answers, lifecycle, store
+from ..api import errors as api_errors
 from ..api import serializers as s
 from ..api import slots
 from ..api.streams import Follower
@@ -166,7 +167,7 @@ def apply(action: PendingAction, body: dict, session: Session) -> str:
         return f"{action.id}: {exc.message}"
     except TaskError as exc:
         logger.info("mcp.answer_refused action=%s: %s", action.id, exc)
-        return f"{action.id}: {exc.api_message()}"
+        return f"{action.id}: {api_errors.refusal(exc).message}"
     return ""
 
 

@@ -277,7 +277,7 @@ class TaskTools:
             .named(task_id)
         )
         if task is None:
-            raise TaskNotFound()
+            raise TaskNotFound(task_id)
         return task
 
     def spawn(self, args: dict) -> dict:
@@ -332,7 +332,7 @@ class TaskTools:
         except (ActionNotFound, TaskNotFound, RunNotFound):
             return error_result(f"Action not found: {action_id}")
         except TaskError as exc:
-            return error_result(exc.api_message())
+            return error_result(api_errors.refusal(exc).message)
         action.refresh_from_db()
         info = lifecycle.info(Task.objects.select_related("run").get(pk=task.id))
         return text_result(f"action {action.id}: {action.status}\n" + tt.describe(tt.unnamed(info)))

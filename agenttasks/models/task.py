@@ -45,7 +45,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         """Read a task with its conversation and current run, or raise TaskNotFound."""
         task = self.select_related("conversation", "run").filter(pk=task_id).first()
         if task is None:
-            raise TaskNotFound()
+            raise TaskNotFound(task_id)
         return task
 
 

@@ -11,7 +11,7 @@ import logging
 
 from .. import lifecycle
 from ..conf import app_settings
-from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
+from ..exceptions import AlreadyFinal, NotRetryable, TaskBusy, TaskError, TaskNotFound
 from ..models import Task
 from ..states import TERMINAL, TaskKind, model_status
 from ..tools import ToolResult, ToolSpec
@@ -94,8 +94,10 @@ STOP_PARAMETERS = _schema(
 
 
 def model_text(exc: BaseException) -> str:
-    """Return what a refusal says to a model: a lifecycle error's model text, else the error's own."""
-    return exc.model_message() if isinstance(exc, TaskError) else str(exc)
+    """Return what a refusal says to a model: its text with the model-facing status word."""
+    if isinstance(exc, (NotRetryable, AlreadyFinal, TaskBusy)):
+        return exc.text(model_status(exc.status))
+    return str(exc)
 
 
 def tool_error(exc_or_text) -> ToolResult:
@@ -187,7 +189,7 @@ class _Session:
             .first()
         )
         if task is None:
-            raise TaskNotFound()
+            raise TaskNotFound(task_id)
         return task
 
     def spawn(self, ctx, args: dict) -> ToolResult:

@@ -21,7 +21,7 @@ def append_events(
     if postgres.enabled():
         rows = [postgres.event(conversation_id, t, d, r, k) for t, d, r, k in events]
         if not postgres.append_to(conversation_id, rows):
-            raise ConversationNotFound()
+            raise ConversationNotFound(conversation_id)
         announce_events([conversation_id])
         return
     with transaction.atomic():

@@ -129,7 +129,7 @@ def lock_task(task_id: str) -> Task:
         # locked: if the writer it waited for moved the task to a new run, the old run no longer
         # joins and the task looks absent. A new statement sees the committed state.
         if not Task.objects.filter(pk=task_id).exists():
-            raise TaskNotFound()
+            raise TaskNotFound(task_id)
 
 
 def lock_task_of_run(run_id: str) -> Task | None:
@@ -156,7 +156,7 @@ def lock_conversation(conversation_id: str, log: Log | None = None) -> Conversat
         Conversation.objects.select_for_update(no_key=True).filter(pk=conversation_id).first()
     )
     if conversation is None:
-        raise ConversationNotFound()
+        raise ConversationNotFound(conversation_id)
     if log is not None:
         log.hold(conversation)
     return conversation

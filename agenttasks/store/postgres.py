@@ -216,7 +216,7 @@ def end(
         params["lease_cutoff"] = lease_cutoff
     answer = _answer(_call("agenttasks_end_v1", JSON(params)))
     if answer.get("missing"):
-        raise TaskNotFound()
+        raise TaskNotFound(task_id)
     task = _linked(answer)[0] if answer.get("task") is not None else None
     announce_events(c for c in answer.get("conversations") or () if c)
     return Ended(recorded=answer["recorded"], task=task)

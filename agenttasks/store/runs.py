@@ -75,7 +75,7 @@ def update_conversation(
     with transaction.atomic():
         conversation = lock_conversation(conversation_id)
         if conversation.deleting_at is not None:
-            raise ConversationNotFound()
+            raise ConversationNotFound(conversation_id)
         fields = []
         if title is not _UNSET and (title or "") != conversation.title:
             conversation.title = title or ""
@@ -119,7 +119,7 @@ def start_conversation_run(
         log = Log()
         conversation = lock_conversation(conversation_id, log)
         if conversation.deleting_at is not None:
-            raise ConversationNotFound()
+            raise ConversationNotFound(conversation_id)
         busy = conversation_busy(conversation_id)
         if busy is not None:
             raise busy

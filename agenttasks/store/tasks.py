@@ -141,7 +141,7 @@ def _insert(
             job=job,
             notify=notify,
         )
-        _refuse(verdict, owner_limit, parent_cap)
+        _refuse(verdict, owner_limit, parent_cap, parent_id)
         return
     with transaction.atomic():
         log = Log()
@@ -149,7 +149,7 @@ def _insert(
         if parent_id is not None:
             parent = lock_conversation(parent_id, log)
             if parent.deleting_at is not None:
-                raise ConversationNotFound()
+                raise ConversationNotFound(parent_id)
             if parent_cap and live_count(parent_id) >= parent_cap:
                 raise TaskLimit(parent_cap)
         conversation.save(force_insert=True)
@@ -225,11 +225,11 @@ def _first_message(new: NewTask) -> dict[str, Any]:
     return user_message_data(new.input, "input", list(new.files) or None)
 
 
-def _refuse(verdict: str, owner_limit: int, parent_cap: int | None) -> None:
+def _refuse(verdict: str, owner_limit: int, parent_cap: int | None, parent_id: str | None) -> None:
     if verdict == "owner_limit":
         raise ActiveTaskLimit(owner_limit)
     if verdict == "parent_gone":
-        raise ConversationNotFound()
+        raise ConversationNotFound(parent_id or "")
     if verdict == "parent_cap":
         raise TaskLimit(parent_cap or 0)
 

@@ -6,7 +6,6 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework.response import Response
 
 from ... import lifecycle
-from ...exceptions import ConversationNotFound
 from ...models import Conversation, Event, Run
 from ...states import RUN_ACTIVE
 from .. import errors
@@ -117,10 +116,7 @@ class ConversationView(ApiView):
         conversation = self.conversation(conversationId)
         changes = s.ConversationUpdateSerializer.validated(self.body)
         if changes:
-            try:
-                conversation = lifecycle.update_conversation(conversation.id, **changes)
-            except ConversationNotFound:
-                raise errors.not_found(f"Conversation not found: {conversationId}") from None
+            conversation = lifecycle.update_conversation(conversation.id, **changes)
         return Response({"conversation": s.ConversationSerializer.present(conversation)})
 
     @extend_schema(
@@ -133,10 +129,7 @@ class ConversationView(ApiView):
     def delete(self, request, conversationId):
         # A delete that died halfway left the tree marked: deleting it again finishes it.
         conversation = self.conversation(conversationId, deleting=True)
-        try:
-            lifecycle.delete_conversation(conversation.id)
-        except ConversationNotFound:
-            raise errors.not_found(f"Conversation not found: {conversationId}") from None
+        lifecycle.delete_conversation(conversation.id)
         return Response(status=204)
 
 
@@ -176,16 +169,13 @@ class MessagesView(ApiView):
         conversation = self.conversation(conversationId)
         data = s.MessageCreateSerializer.validated(self.body)
         exposed_agent(conversation.agent)
-        try:
-            run, event = lifecycle.post_message(
-                conversation.id,
-                data["message"],
-                author=self.principal(),
-                metadata=data["metadata"],
-                uploads=data["uploads"],
-            )
-        except ConversationNotFound:
-            raise errors.not_found(f"Conversation not found: {conversationId}") from None
+        run, event = lifecycle.post_message(
+            conversation.id,
+            data["message"],
+            author=self.principal(),
+            metadata=data["metadata"],
+            uploads=data["uploads"],
+        )
         return Response(
             {"message": s.MessageSerializer.present(event), "run": s.RunSerializer.present(run)},
             status=202,

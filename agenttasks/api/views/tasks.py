@@ -10,7 +10,6 @@ from rest_framework.response import Response
 
 from ... import callbacks, lifecycle
 from ...conf import app_settings
-from ...exceptions import TaskNotFound
 from ...models import Comment, Conversation, Run, Task, TaskResult
 from ...states import TERMINAL, TaskStatus
 from .. import errors, slots
@@ -195,8 +194,6 @@ class TaskWaitView(ApiView):
                 settled=TERMINAL | {TaskStatus.WAITING_FOR_INPUT},
                 stop_check=lambda: slots.gone(client),
             )
-        except TaskNotFound:
-            raise errors.not_found(f"Task not found: {taskId}") from None
         finally:
             held.release()
         if Conversation.objects.being_deleted().filter(pk=task.conversation_id).exists():
@@ -305,10 +302,7 @@ class TaskCancelView(ApiView):
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CancelSerializer.validated(self.body)
-        try:
-            task = lifecycle.cancel(task.id, graceful=data["graceful"])
-        except TaskNotFound:
-            raise errors.not_found(f"Task not found: {taskId}") from None
+        task = lifecycle.cancel(task.id, graceful=data["graceful"])
         winding_down = task.status == TaskStatus.RUNNING and task.run.stop_request == "after_turn"
         return Response(
             {"task": s.TaskSerializer.present(task)}, status=202 if winding_down else 200
