@@ -116,6 +116,15 @@ TRANSITIONS: dict[tuple[str | None, str], str] = {
     (S.CANCELLED, S.PENDING): "a re-opening comment (new run id)",
 }
 
+# Every change of Wakeup.state (None = not written yet), with what makes it (store/debts.py).
+W = WakeupState
+WAKEUP_TRANSITIONS: dict[tuple[str | None, str], str] = {
+    (None, W.PENDING): "an ending owes its result to the parent conversation",
+    (W.PENDING, W.DELIVERED): "a wake-up run carried it",
+    (W.PENDING, W.CONSUMED): "the model pulled the result in its turn",
+    (W.PENDING, W.DROPPED): "its task runs again, or a cancelled task's children owed it",
+}
+
 _MODEL_NAMES: dict[str, str] = {
     S.PENDING: "working",
     S.RUNNING: "working",

@@ -1,9 +1,9 @@
 """Wake-up debt: the notification text, when a parent may be woken, and delivering what it is owed.
 
-The debt itself is written by the store, in the transaction of the ending that owes it. This
-module settles it: `consume` when the model pulled a result in-turn, `deliver_pending` when a
-wake-up turn carries every owed result of a conversation to its agent. Settling never touches the
-task row.
+The debt and each change of its state are the store's (`store/debts.py`): written in the
+transaction of the ending that owes it, consumed when the model pulled a result in-turn, delivered
+when a wake-up turn carries every owed result of a conversation to its agent (`deliver_pending`
+here decides when).
 
 A conversation with no agent behind it (`agent == ""`: an MCP client's, docs/mcp.md) is never
 woken, since no run could carry the results: its debt stays pending until its owner pulls it
@@ -13,7 +13,6 @@ woken, since no run could carry the results: its debt stays pending until its ow
 import logging
 
 from django.db import transaction
-from django.utils import timezone
 
 from . import ids, queue, store
 from .models import Conversation, PendingAction, Run, Task, Wakeup
@@ -55,26 +54,6 @@ def format_notification(items) -> str:
         lines.append(RETRY_HINT)
     lines.append(GUIDANCE)
     return PREFIX + "\n".join(lines)
-
-
-def consume(task_id: str, run_id: str) -> bool:
-    """Mark the pending result of that run as pulled in-turn by the model; True if it was owed."""
-    return bool(
-        Wakeup.objects.filter(task_id=task_id, run_id=run_id, state=WakeupState.PENDING).update(
-            state=WakeupState.CONSUMED, settled_at=timezone.now()
-        )
-    )
-
-
-def mark_delivered(wakeups, delivered_run_id: str) -> int:
-    """Mark wake-ups delivered by a wake-up run, each only if still pending for its own run."""
-    now = timezone.now()
-    count = 0
-    for wakeup in wakeups:
-        count += Wakeup.objects.filter(
-            pk=wakeup.pk, run_id=wakeup.run_id, state=WakeupState.PENDING
-        ).update(state=WakeupState.DELIVERED, delivered_run_id=delivered_run_id, settled_at=now)
-    return count
 
 
 def may_wake(conversation: Conversation) -> bool:
@@ -155,7 +134,7 @@ def _wake_conversation(conversation_id: str) -> Run | None:
     run = store.wake_conversation(
         conversation, format_notification(owed), [w.task_id for w in owed]
     )
-    mark_delivered(owed, run.id)
+    store.mark_delivered(owed, run.id)
     return run
 
 
@@ -169,9 +148,7 @@ def _wake_task(task_id: str, conversation_id: str) -> Run | None:
         return None
     if task.status == TaskStatus.CANCELLED:
         # A person stopped it: it is not revived, and what its children owed it is moot.
-        Wakeup.objects.filter(pk__in=[w.pk for w in owed], state=WakeupState.PENDING).update(
-            state=WakeupState.DROPPED, settled_at=timezone.now()
-        )
+        store.drop_wakeups(owed)
         return None
     if task.status not in (TaskStatus.COMPLETED, TaskStatus.FAILED) or not _guard(
         task.conversation
@@ -188,5 +165,5 @@ def _wake_task(task_id: str, conversation_id: str) -> Run | None:
     )
     if not won:
         return None
-    mark_delivered(owed, run_id)
+    store.mark_delivered(owed, run_id)
     return won.run

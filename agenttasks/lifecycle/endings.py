@@ -245,7 +245,7 @@ def model_has_result(task_info: TaskInfo | None) -> None:
         or task.attempt_no() != task_info.attempt
     ):
         return
-    if wakeups.consume(task.id, task_info.run_id):
+    if store.consume_wakeup(task.id, task_info.run_id):
         signals.result_delivered.send(sender=Task, snapshot=task)
 
 

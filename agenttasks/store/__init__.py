@@ -11,9 +11,11 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.runs`: conversations and their runs without a task;
 - `store.sweeps`: the reaper's passes; `store.leases`: the heartbeat's;
 - `store.deletion`: deleting a conversation tree;
+- `store.debts`: wake-up debt, every change of a wake-up's state;
 - `store.limits`: the user's active-task limit and the parent's cap.
 """
 
+from .debts import consume_wakeup, drop_wakeups, mark_delivered
 from .deletion import (
     conversation_tree,
     delete_tree,
@@ -81,12 +83,14 @@ __all__ = [
     "claim",
     "claim_many",
     "conversation_busy",
+    "consume_wakeup",
     "conversation_tree",
     "conversations_owed",
     "create_conversation",
     "create_task",
     "delete_tree",
     "discard_spawn",
+    "drop_wakeups",
     "end",
     "escalations_open",
     "expire_and_cancel",
@@ -104,6 +108,7 @@ __all__ = [
     "lock_conversation",
     "lock_principal",
     "lock_task",
+    "mark_delivered",
     "mark_deleting",
     "pause",
     "pending_actions_below",

@@ -24,15 +24,14 @@ from ..states import (
 )
 from ..types import Ended, Ending, RunOutcome, usage_counts
 from . import postgres
+from .debts import owes_wakeup, write_debt
 from .locking import Log, hold_task, lock_run, lock_task, retried, run_finished, task_status
 from .rows import (
     cancel_open_actions,
     create_actions,
     end_run,
-    owes_wakeup,
     save_task,
     set_status,
-    write_debt,
     write_result,
 )
 

@@ -16,19 +16,17 @@ from ..models import (
     Run,
     Task,
     TaskResult,
-    Wakeup,
 )
 from ..states import (
     NOTIFIED,
     ActionStatus,
     RunStatus,
     RunTrigger,
-    TaskKind,
     TaskStatus,
-    WakeupState,
     is_allowed,
 )
 from ..types import ActionRequest
+from .debts import drop_debt
 from .locking import Log, run_finished, task_status
 
 RESULT_FIELDS = ["run_id", "content", "partial", "files", "metadata", "usage", "created_at"]
@@ -114,33 +112,6 @@ def end_run(log: Log, run: Run, status: str, now: datetime, error: str = "") -> 
     run.status, run.ended_at, run.error = status, now, error
     run.save(update_fields=["status", "ended_at", "error"])
     run_finished(log, run)
-
-
-def owes_wakeup(task: Task) -> bool:
-    """Say whether an ending of this task owes its result to a parent conversation."""
-    return bool(task.parent_conversation_id) and task.kind != TaskKind.DELEGATE
-
-
-def write_debt(task: Task, run_id: str, status: str) -> None:
-    """Record the result this ending owes the parent conversation (a wake-up)."""
-    assert task.parent_conversation_id is not None  # owes_wakeup said so
-    truncated = len(task.result.encode("utf-8")) > len(task.summary.encode("utf-8"))
-    Wakeup.objects.create(
-        conversation_id=task.parent_conversation_id,
-        task_id=task.id,
-        run_id=run_id,
-        status=status,
-        label=task.label,
-        summary=task.summary,
-        truncated=truncated,
-    )
-
-
-def drop_debt(task: Task, now: datetime) -> None:
-    """Drop what the task still owes: it is running again."""
-    Wakeup.objects.filter(task_id=task.id, state=WakeupState.PENDING).update(
-        state=WakeupState.DROPPED, settled_at=now
-    )
 
 
 def result_fields(result: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import pytest
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from agenttasks import store, wakeups
+from agenttasks import store
 from agenttasks.exceptions import ConversationNotFound, TaskNotFound
 from agenttasks.models import Conversation, Event, Run, Task, Wakeup
 from agenttasks.states import LIVE, TERMINAL, TaskStatus
@@ -103,9 +103,9 @@ class TestListingsAndRoundTrips:
         for task in tasks:
             store.finalize(task.id, task.run_id, "completed", result="r")
         stamps = {t.id: reload(t).updated_at for t in tasks}
-        assert wakeups.consume(tasks[0].id, tasks[0].run_id)
+        assert store.consume_wakeup(tasks[0].id, tasks[0].run_id)
         delivery = Run.objects.create(conversation=parent, agent="default", trigger="wakeup")
-        assert wakeups.mark_delivered([Wakeup.objects.get(task=tasks[1])], delivery.id) == 1
+        assert store.mark_delivered([Wakeup.objects.get(task=tasks[1])], delivery.id) == 1
         Wakeup.objects.filter(task=tasks[2]).update(state="dropped")
         assert {t.id: reload(t).updated_at for t in tasks} == stamps
 
