@@ -135,6 +135,11 @@ _MODEL_NAMES: dict[str, str] = {
 }
 
 
+def trigger_name(trigger: str) -> str:
+    """Name a run's trigger as the API and `run.started` do (`initial` is `create` there)."""
+    return "create" if trigger == RunTrigger.INITIAL else trigger
+
+
 def model_status(status: str) -> str:
     """Return the model-facing name of a task status (working, input_required, …)."""
     return _MODEL_NAMES[status]

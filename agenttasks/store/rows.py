@@ -21,7 +21,6 @@ from ..states import (
     NOTIFIED,
     ActionStatus,
     RunStatus,
-    RunTrigger,
     TaskStatus,
     is_allowed,
 )
@@ -223,8 +222,3 @@ def add_comment(
     return Comment.objects.create(
         task=task, role=role, content=content, metadata=metadata, run_id=run_id, author=author
     )
-
-
-def trigger_name(trigger: str) -> str:
-    """Name a task run's trigger as run.started reports it."""
-    return "create" if trigger == RunTrigger.INITIAL else trigger

@@ -32,6 +32,7 @@ from ..states import (
     StopRequest,
     TaskKind,
     TaskStatus,
+    trigger_name,
 )
 from ..types import ActionRequest, Claimed, NewTask, StopOutcome, default_label
 from . import postgres
@@ -60,7 +61,6 @@ from .rows import (
     resolve_action,
     save_task,
     set_status,
-    trigger_name,
     write_result,
 )
 from .runs import held

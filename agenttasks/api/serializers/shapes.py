@@ -23,9 +23,9 @@ from ...states import (
     TERMINAL,
     ActionStatus,
     RunStatus,
-    RunTrigger,
     StopRequest,
     TaskStatus,
+    trigger_name,
 )
 from ...text import iso
 
@@ -34,7 +34,6 @@ MESSAGE_TYPES = {
     "message.assistant": "assistant",
     "task.notification": "notification",
 }
-TRIGGER_NAMES: dict[str, str] = {RunTrigger.INITIAL: "create"}
 TASK_STATUSES = list(TaskStatus.values)
 ACTION_STATUSES = list(ActionStatus.values)
 RUN_TRIGGERS = ["create", "retry", "comment", "message", "continuation", "wakeup"]
@@ -458,7 +457,7 @@ class RunSerializer(Shape):
     finishedAt = serializers.DateTimeField(required=False)
 
     def get_trigger(self, run: Run) -> str:
-        return TRIGGER_NAMES.get(run.trigger, run.trigger)
+        return trigger_name(run.trigger)
 
     def get_attempt(self, run: Run) -> int | None:
         return max(run.attempt, 1) if run.task_id else None
