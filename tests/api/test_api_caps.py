@@ -146,20 +146,22 @@ def test_waits_are_capped_per_user_across_processes(
     other = server_process(**CAPS)
     task = as_alice.create()  # no worker: it stays pending, so a wait lasts its timeout
     token = token_of(as_alice)
+    # Built whole: a replace("60", "0") on the path once cut a "60" out of the random task id.
     path = f"{PREFIX}/tasks/{task['id']}/wait?timeout=60"
+    at_once = f"{PREFIX}/tasks/{task['id']}/wait?timeout=0"
     headers = {"Authorization": f"Token {token}"}
     with agenttasks(**CAPS):
         waiting = [send_get(base, path, token) for base in (live_server.url, other.url)]
         wait_for(lambda: held("wait", as_alice) == 2, timeout=30, message="two waits")
         message = "You already have 2 status waits in progress; let one return and try again"
         for base in (live_server.url, other.url):
-            third = httpx.get(base + path.replace("60", "0"), headers=headers, timeout=30)
+            third = httpx.get(base + at_once, headers=headers, timeout=30)
             refused(third.status_code, third.content, message)
         # Clients that give up free their places within seconds, not at the wait's timeout.
         for connection in waiting:
             connection.close()
         wait_for(lambda: held("wait", as_alice) == 0, timeout=NOTICED, message="the release")
-        again = httpx.get(live_server.url + path.replace("60", "0"), headers=headers, timeout=30)
+        again = httpx.get(live_server.url + at_once, headers=headers, timeout=30)
         assert again.status_code == 200, again.text
 
 
