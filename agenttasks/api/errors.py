@@ -113,7 +113,6 @@ def refusal(exc: TaskError) -> ApiError:
 
 
 def _words(exc: TaskError) -> tuple[str, dict | None]:
-    delegate = f"Task {getattr(exc, 'task_id', '')} is a delegate task; it is driven by its caller"
     match exc:
         case TaskNotFound(task_id=task_id) if task_id:
             return f"Task not found: {task_id}", None
@@ -129,8 +128,13 @@ def _words(exc: TaskError) -> tuple[str, dict | None]:
             return f"You already have {limit} active tasks; wait for one to finish", {
                 "limit": limit
             }
-        case NotRetryable(delegate=True) | TaskBusy(delegate=True):
-            return delegate, {"status": exc.status}
+        case (
+            NotRetryable(delegate=True, status=status, task_id=task_id)
+            | TaskBusy(delegate=True, status=status, task_id=task_id)
+        ):
+            return f"Task {task_id} is a delegate task; it is driven by its caller", {
+                "status": status
+            }
         case NotRetryable(status=status, task_id=task_id):
             return f"Only a failed task can be retried; task {task_id} is {status}", {
                 "status": status

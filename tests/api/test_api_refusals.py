@@ -86,3 +86,10 @@ def test_a_not_found_names_what_was_not_found():
         == "Conversation not found: conv_1"
     )
     assert str(exceptions.TaskNotFound("task_1")) == "tasks: not found"  # Python's words
+
+
+@pytest.mark.parametrize("cls", [exceptions.TaskBusy, exceptions.NotRetryable])
+def test_a_delegate_is_refused_as_driven_by_its_caller(cls):
+    rest = errors.refusal(cls("running", task_id="task_1", delegate=True))
+    assert rest.message == "Task task_1 is a delegate task; it is driven by its caller"
+    assert rest.details == {"status": "running"}
