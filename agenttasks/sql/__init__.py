@@ -3,17 +3,20 @@
 A later migration adds a file with the next version (`_v2`) instead of rewriting one that a
 database may already hold. What SQL and Python share is written into a file when a migration
 installs it (`render`): `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs
-of states.TRANSITIONS), `:ormq` (django-q2's queue table) and `:runs_channel` (the channel worker
-processes listen on), so each has one source. Migrations load it once the app registry is ready
+of states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames),
+`:id_length` and `:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue
+table) and `:runs_channel` (the channel worker processes listen on), so each has one source. Migrations load it once the app registry is ready
 (it reads django-q2's model).
 """
 
+import json
 from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
 
+from ..ids import ALPHABET, ID_LENGTH
 from ..queue import ORMQ_TABLE, RUNS_CHANNEL
-from ..states import LIVE, NOTIFIED, TRANSITIONS
+from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
 
 
 def read(name: str) -> str:
@@ -29,10 +32,19 @@ def constants() -> dict[str, str]:
     """Return the SQL text of each constant that SQL and Python share, by placeholder."""
     return {
         ":allowed": _literals(f"{src}>{dst}" for src, dst in TRANSITIONS if src is not None),
+        ":id_alphabet": f"'{ALPHABET}'",
+        ":id_length": str(ID_LENGTH),
         ":live": _literals(LIVE),
         ":notified": _literals(NOTIFIED),
         ":ormq": ORMQ_TABLE,
         ":runs_channel": f"'{RUNS_CHANNEL}'",
+        ":trigger_names": f"'{json.dumps(_renamed_triggers())}'",
+    }
+
+
+def _renamed_triggers() -> dict[str, str]:
+    return {
+        trigger: trigger_name(trigger) for trigger in RunTrigger if trigger_name(trigger) != trigger
     }
 
 

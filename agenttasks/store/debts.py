@@ -1,7 +1,7 @@
 """Wake-up debt: every change of a wake-up's state (docs/lifecycle.md#wake-up-debt-and-notifications).
 
 An ending that owes its result to a parent conversation writes a `pending` wake-up in its own
-transaction (on PostgreSQL inside `agenttasks_end_v1`). A wake-up leaves `pending` once, by a
+transaction (on PostgreSQL inside `agenttasks_end_v2`). A wake-up leaves `pending` once, by a
 compare-and-set on `pending` (states.WAKEUP_TRANSITIONS): `delivered` when a wake-up run carried
 it, `consumed` when the model pulled the result in its turn, `dropped` when its task runs again or
 when what a cancelled task's children owed it is moot. Settling never touches the task row.

@@ -2,7 +2,7 @@
 
 `end` is the one finalize of the app: a run's ending reported by its worker, a stop, the
 reaper's orphans, a lapsed action and a retry that could not start all go through it. On
-PostgreSQL it is one statement (the `agenttasks_end_v1` SQL function); elsewhere the same steps run
+PostgreSQL it is one statement (the `agenttasks_end_v2` SQL function); elsewhere the same steps run
 through the ORM in one transaction.
 """
 
@@ -110,7 +110,7 @@ def _record_left_run(log: Log, run_id: str, outcome: RunOutcome, now: datetime) 
     try:
         run = lock_run(run_id)
     except RunNotFound:
-        return False  # as agenttasks_end_v1 answers: nothing of an unknown run to record
+        return False  # as agenttasks_end_v2 answers: nothing of an unknown run to record
     if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
         return False
     log.hold(run.conversation)

@@ -16,7 +16,7 @@ def append_events(
 ) -> None:
     """Append (type, data, run_id, task_id) events to a conversation in one short transaction.
 
-    On PostgreSQL it is one statement (`agenttasks_append_to_v1`).
+    On PostgreSQL it is one statement (`agenttasks_append_to_v2`).
     """
     if postgres.enabled():
         rows = [postgres.event(conversation_id, t, d, r, k) for t, d, r, k in events]

@@ -1,7 +1,7 @@
 """The hot transitions on PostgreSQL, each one statement: create, claim and end.
 
-Each calls a versioned SQL function of `agenttasks/sql/` (`agenttasks_create_task_v3`,
-`agenttasks_claim_v1`, `agenttasks_claim_runs_v1`, `agenttasks_end_v1`), as procrastinate does
+Each calls a versioned SQL function of `agenttasks/sql/` (`agenttasks_create_task_v4`,
+`agenttasks_claim_v2`, `agenttasks_claim_runs_v2`, `agenttasks_end_v2`), as procrastinate does
 for its jobs. The function takes the same row locks in the same order as the ORM path
 (`store.locking`), re-checks the same run-bound predicate on the locked rows, writes, and appends
 the events; the rows come back as JSON, so nothing is read again. The ORM path (SQLite) keeps the
@@ -117,7 +117,7 @@ def _linked(answer: dict[str, Any]) -> tuple[Task | None, Run]:
 def event(
     conversation_id: str, type: str, data: dict[str, Any], run_id: str, task_id: str
 ) -> dict[str, Any]:
-    """Return an event as `agenttasks_append` takes it (the function numbers it)."""
+    """Return an event as `agenttasks_append_v1` takes it (the function numbers it)."""
     return {
         "conversation_id": conversation_id,
         "type": type,
@@ -130,7 +130,7 @@ def event(
 def append_to(conversation_id: str, events: list[dict[str, Any]]) -> bool:
     """Append events to one conversation (locked here); False when there is no such one."""
     appended: bool = _call(
-        "agenttasks_append_to_v1", conversation_id, JSON(events), timezone.now().isoformat()
+        "agenttasks_append_to_v2", conversation_id, JSON(events), timezone.now().isoformat()
     )
     return appended
 
@@ -152,7 +152,7 @@ def create(
     'created', or why not: 'owner_limit', 'parent_gone' or 'parent_cap'.
     """
     verdict: str = _call(
-        "agenttasks_create_task_v3",
+        "agenttasks_create_task_v4",
         JSON(row(conversation)),
         JSON(row(run)),
         JSON(row(task)),
@@ -167,7 +167,7 @@ def create(
 
 def claim(run_id: str, worker: str, now: datetime) -> Run | None:
     """Move a queued run (and its task) to running; None when it is not the one to run."""
-    value = _call("agenttasks_claim_v1", run_id, worker, now.isoformat(), False, True)
+    value = _call("agenttasks_claim_v2", run_id, worker, now.isoformat(), False, True)
     if value is None:
         return None
     answer = _answer(value)
@@ -178,7 +178,7 @@ def claim(run_id: str, worker: str, now: datetime) -> Run | None:
 
 def claim_many(worker: str, limit: int, now: datetime, first: list[str]) -> Claimed:
     """Claim up to `limit` queued runs, those in `first` first, then the oldest (one statement)."""
-    answer = _answer(_call("agenttasks_claim_runs_v1", worker, limit, now.isoformat(), first))
+    answer = _answer(_call("agenttasks_claim_runs_v2", worker, limit, now.isoformat(), first))
     runs = [_linked(claim)[1] for claim in answer["claims"]]
     return Claimed(runs, int(answer["passed"]))
 
@@ -214,7 +214,7 @@ def end(
         params["after_turn"] = _ending(after_turn)
     if lease_cutoff is not None:
         params["lease_cutoff"] = lease_cutoff
-    answer = _answer(_call("agenttasks_end_v1", JSON(params)))
+    answer = _answer(_call("agenttasks_end_v2", JSON(params)))
     if answer.get("missing"):
         raise TaskNotFound(task_id)
     task = _linked(answer)[0] if answer.get("task") is not None else None

@@ -1,0 +1,49 @@
+"""PostgreSQL: the helpers of the transitions with the id format and the trigger names written
+in from Python (`agenttasks/sql/helpers_v1.sql`), and the create, the claims, the ending and the
+append on them: `agenttasks_create_task_v4`, `agenttasks_claim_v2` (`_tasks_v2`, `_runs_v2`),
+`agenttasks_end_v2` and `agenttasks_append_to_v2`. The task-settled notification lists the
+notified statuses from `states.NOTIFIED`.
+
+The functions they replace stay installed for the code of earlier versions; nothing of this
+version calls them."""
+
+from django.db import migrations
+
+from agenttasks.sql import on_postgres, render
+
+FILES = ("helpers_v1.sql", "create_task_v4.sql", "claim_v2.sql", "end_v2.sql", "events_v2.sql")
+
+DROP = """
+DROP TRIGGER agenttasks_task_settled ON agenttasks_task;
+CREATE TRIGGER agenttasks_task_settled
+    AFTER UPDATE OF status ON agenttasks_task
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION agenttasks_task_settled();
+DROP FUNCTION agenttasks_task_settled_v1();
+DROP FUNCTION agenttasks_append_to_v2(text, jsonb, timestamptz);
+DROP FUNCTION agenttasks_end_v2(jsonb);
+DROP FUNCTION agenttasks_claim_runs_v2(text, integer, timestamptz, text[]);
+DROP FUNCTION agenttasks_claim_tasks_v2(text[], text, timestamptz, integer, boolean);
+DROP FUNCTION agenttasks_claim_v2(text, text, timestamptz, boolean, boolean);
+DROP FUNCTION agenttasks_create_task_v4(
+    jsonb, jsonb, jsonb, jsonb, integer, integer, jsonb, boolean);
+DROP FUNCTION agenttasks_record_end_v1(agenttasks_run, jsonb, timestamptz);
+DROP FUNCTION agenttasks_cancel_actions_v1(text, timestamptz);
+DROP FUNCTION agenttasks_status_events_v1(agenttasks_task, text, text);
+DROP FUNCTION agenttasks_run_finished_v1(agenttasks_run);
+DROP FUNCTION agenttasks_usage_v1(agenttasks_run);
+DROP FUNCTION agenttasks_append_v1(jsonb, timestamptz);
+DROP FUNCTION agenttasks_event_v1(text, text, jsonb, text, text);
+DROP FUNCTION agenttasks_trigger_name_v1(text);
+DROP FUNCTION agenttasks_new_id_v1(text);
+"""
+
+
+def install() -> str:
+    return "\n".join(render(name) for name in FILES)
+
+
+class Migration(migrations.Migration):
+    dependencies = [("agenttasks", "0017_versioned_transitions")]
+
+    operations = [migrations.RunPython(on_postgres(install), on_postgres(DROP))]
