@@ -20,12 +20,12 @@ from django.db import connections
 
 logger = logging.getLogger(__name__)
 
+# The channels the database's triggers notify (agenttasks/sql/notify_v1.sql writes them in).
+TASK_ENDED_CHANNEL = "agenttasks_task_ended"
+EVENTS_CHANNEL = "agenttasks_events"
+STOP_CHANNEL = "agenttasks_run_stop"
 # channel -> the prefix of the keys it wakes
-CHANNELS = {
-    "agenttasks_task_ended": "task:",
-    "agenttasks_events": "conv:",
-    "agenttasks_run_stop": "stop:",
-}
+CHANNELS = {TASK_ENDED_CHANNEL: "task:", EVENTS_CHANNEL: "conv:", STOP_CHANNEL: "stop:"}
 CHANNEL_OF = {prefix: channel for channel, prefix in CHANNELS.items()}
 LISTEN_POLL = 0.2  # seconds between checks for a channel newly asked for
 

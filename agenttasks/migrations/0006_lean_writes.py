@@ -14,6 +14,8 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+from agenttasks.sql import on_postgres
+
 
 DROP_LIKE_INDEXES = """
 DO $$
@@ -106,15 +108,6 @@ def on_sqlite(sql):
     def run(apps, schema_editor):
         if schema_editor.connection.vendor == "sqlite":
             schema_editor.execute(sql)
-
-    return run
-
-
-def on_postgres(sql):
-    def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            with schema_editor.connection.cursor() as cursor:
-                cursor.execute(sql)
 
     return run
 

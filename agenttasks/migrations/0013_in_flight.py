@@ -2,12 +2,12 @@
 
 - PostgreSQL: `agenttasks_claim_v1` (one run), `agenttasks_claim_tasks_v1` (the runs of several
   tasks at once) and `agenttasks_claim_runs_v1` (up to a number of queued runs in one statement),
-  from `agenttasks/sql/claim_v1.sql`.
+  from `agenttasks/migrations/sql/claim_v1.sql`.
   They replace 0005's `agenttasks_claim_run`.
 - PostgreSQL: the task counts' trigger takes its row locks in status order
   (`agenttasks/sql/task_counts_v2.sql`), so a claim of many runs and the endings do not deadlock.
 - PostgreSQL: `agenttasks_append_to_v1`, a runtime's events appended in one statement
-  (`agenttasks/sql/events_v1.sql`).
+  (`agenttasks/migrations/sql/events_v1.sql`).
 - `WorkerProcess`: each worker process's slots and runs in flight, for metrics and health.
 """
 

@@ -1,4 +1,4 @@
-"""PostgreSQL: `agenttasks_create_task_v2` (`agenttasks/sql/create_v2.sql`), a create that
+"""PostgreSQL: `agenttasks_create_task_v2` (`agenttasks/migrations/sql/create_v2.sql`), a create that
 notifies the worker processes listening on `agenttasks_runs` instead of writing a job."""
 
 from django.db import migrations

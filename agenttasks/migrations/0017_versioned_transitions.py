@@ -1,6 +1,7 @@
 """PostgreSQL: the create and the ending as versioned functions loaded from `.sql` files, with
 the constants they share with Python written in (`agenttasks.sql.render`):
-`agenttasks_create_task_v3` (`create_task_v3.sql`) and `agenttasks_end_v1` (`end_v1.sql`).
+`agenttasks_create_task_v3` (`migrations/sql/create_task_v3.sql`) and `agenttasks_end_v1`
+(`migrations/sql/end_v1.sql`).
 
 The functions they replace (`agenttasks_create_task`, `_v2`, `agenttasks_end`) stay installed
 for the code of earlier versions; nothing of this version calls them."""

@@ -1,8 +1,9 @@
 """PostgreSQL: the helpers of the transitions with the id format and the trigger names written
 in from Python (`agenttasks/sql/helpers_v1.sql`), and the create, the claims, the ending and the
 append on them: `agenttasks_create_task_v4`, `agenttasks_claim_v2` (`_tasks_v2`, `_runs_v2`),
-`agenttasks_end_v2` and `agenttasks_append_to_v2`. The task-settled notification lists the
-notified statuses from `states.NOTIFIED`.
+`agenttasks_end_v2` and `agenttasks_append_to_v2`. The notifying triggers of migrations 0002 and
+0006 get functions with the channels of `agenttasks.listen` and the statuses of `states.NOTIFIED`
+written in (`agenttasks/sql/notify_v1.sql`).
 
 The functions they replace stay installed for the code of earlier versions; nothing of this
 version calls them."""
@@ -11,7 +12,14 @@ from django.db import migrations
 
 from agenttasks.sql import on_postgres, render
 
-FILES = ("helpers_v1.sql", "create_task_v4.sql", "claim_v2.sql", "end_v2.sql", "events_v2.sql")
+FILES = (
+    "helpers_v1.sql",
+    "create_task_v4.sql",
+    "claim_v2.sql",
+    "end_v2.sql",
+    "events_v2.sql",
+    "notify_v1.sql",
+)
 
 DROP = """
 DROP TRIGGER agenttasks_task_settled ON agenttasks_task;
@@ -20,6 +28,17 @@ CREATE TRIGGER agenttasks_task_settled
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION agenttasks_task_settled();
 DROP FUNCTION agenttasks_task_settled_v1();
+DROP TRIGGER agenttasks_run_stop_requested ON agenttasks_run;
+CREATE TRIGGER agenttasks_run_stop_requested
+    AFTER UPDATE OF stop_request ON agenttasks_run
+    FOR EACH ROW WHEN (NEW.stop_request <> '' AND OLD.stop_request IS DISTINCT FROM NEW.stop_request)
+    EXECUTE FUNCTION agenttasks_run_stop_requested();
+DROP FUNCTION agenttasks_run_stop_requested_v1();
+DROP TRIGGER agenttasks_events_appended ON agenttasks_event;
+CREATE TRIGGER agenttasks_events_appended
+    AFTER INSERT ON agenttasks_event REFERENCING NEW TABLE AS appended
+    FOR EACH STATEMENT EXECUTE FUNCTION agenttasks_events_appended();
+DROP FUNCTION agenttasks_events_appended_v1();
 DROP FUNCTION agenttasks_append_to_v2(text, jsonb, timestamptz);
 DROP FUNCTION agenttasks_end_v2(jsonb);
 DROP FUNCTION agenttasks_claim_runs_v2(text, integer, timestamptz, text[]);

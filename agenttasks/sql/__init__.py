@@ -1,11 +1,14 @@
 """The SQL the migrations install on PostgreSQL: one file per version of a function.
 
 A later migration adds a file with the next version (`_v2`) instead of rewriting one that a
-database may already hold. What SQL and Python share is written into a file when a migration
+database may already hold; the version it replaces moves to `agenttasks/migrations/sql/`, read
+only by the migration that installed it. What SQL and Python share is written into a file when a migration
 installs it (`render`): `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs
 of states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames),
 `:id_length` and `:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue
-table) and `:runs_channel` (the channel worker processes listen on), so each has one source. Migrations load it once the app registry is ready
+table), `:runs_channel` (the channel worker processes listen on) and the channels of
+agenttasks.listen (`:events_channel`, `:stop_channel`, `:task_ended_channel`), so each has one
+source. Migrations load it once the app registry is ready
 (it reads django-q2's model).
 """
 
@@ -15,13 +18,18 @@ from importlib.resources import files
 from typing import Any
 
 from ..ids import ALPHABET, ID_LENGTH
+from ..listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
 from ..queue import ORMQ_TABLE, RUNS_CHANNEL
 from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
 
 
+HISTORY = files("agenttasks.migrations").joinpath("sql")
+
+
 def read(name: str) -> str:
-    """Return the text of one of this package's `.sql` files."""
-    return files(__package__).joinpath(name).read_text(encoding="utf-8")
+    """Return the text of a `.sql` file: a current version, or one that a later one replaced."""
+    path = files(__package__).joinpath(name)
+    return (path if path.is_file() else HISTORY.joinpath(name)).read_text(encoding="utf-8")
 
 
 def _literals(values) -> str:
@@ -31,6 +39,7 @@ def _literals(values) -> str:
 def constants() -> dict[str, str]:
     """Return the SQL text of each constant that SQL and Python share, by placeholder."""
     return {
+        ":events_channel": f"'{EVENTS_CHANNEL}'",
         ":allowed": _literals(f"{src}>{dst}" for src, dst in TRANSITIONS if src is not None),
         ":id_alphabet": f"'{ALPHABET}'",
         ":id_length": str(ID_LENGTH),
@@ -38,6 +47,8 @@ def constants() -> dict[str, str]:
         ":notified": _literals(NOTIFIED),
         ":ormq": ORMQ_TABLE,
         ":runs_channel": f"'{RUNS_CHANNEL}'",
+        ":stop_channel": f"'{STOP_CHANNEL}'",
+        ":task_ended_channel": f"'{TASK_ENDED_CHANNEL}'",
         ":trigger_names": f"'{json.dumps(_renamed_triggers())}'",
     }
 

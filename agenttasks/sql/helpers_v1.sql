@@ -155,22 +155,3 @@ BEGIN
     RETURN v_events || jsonb_build_array(agenttasks_run_finished_v1(r));
 END
 $$;
-
--- Notify agenttasks_task_ended when a task enters a status whose entry is announced
--- (states.NOTIFIED), so status waiters in other processes wake at commit. It replaces
--- migration 0002's function, which listed those statuses by hand.
-CREATE FUNCTION agenttasks_task_settled_v1() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.status IN (:notified) THEN
-        PERFORM pg_notify('agenttasks_task_ended', NEW.id);
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-DROP TRIGGER agenttasks_task_settled ON agenttasks_task;
-CREATE TRIGGER agenttasks_task_settled
-    AFTER UPDATE OF status ON agenttasks_task
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION agenttasks_task_settled_v1();

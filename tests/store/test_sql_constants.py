@@ -17,7 +17,9 @@ PLACEHOLDER = re.compile(r"(?<![:\w]):[a-z_]+\b")
 
 
 def sql_files() -> list[str]:
-    return sorted(p.name for p in files("agenttasks.sql").iterdir() if p.name.endswith(".sql"))
+    """Name every version, current (agenttasks/sql/) or replaced (agenttasks/migrations/sql/)."""
+    folders = (files("agenttasks.sql"), sql.HISTORY)
+    return sorted(p.name for folder in folders for p in folder.iterdir() if p.name.endswith(".sql"))
 
 
 @pytest.mark.parametrize("name", sql_files())
