@@ -22,7 +22,6 @@ from ..listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
 from ..queue import ORMQ_TABLE, RUNS_CHANNEL
 from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
 
-
 HISTORY = files("agenttasks.migrations").joinpath("sql")
 
 
