@@ -7,7 +7,8 @@ with the row as written, or None when the race was lost. An unknown id raises. O
 hot transitions (create, claim, end) are one statement each (`store.postgres`).
 
 - `store.locking`: the locks and the event log;
-- `store.tasks`: task transitions; `store.endings`: a run's ending and the finalize;
+- `store.tasks`: task transitions; `store.claims`: claiming queued runs;
+- `store.endings`: a run's ending and the finalize;
 - `store.runs`: conversations and their runs without a task;
 - `store.sweeps`: the reaper's passes; `store.leases`: the heartbeat's;
 - `store.deletion`: deleting a conversation tree;
@@ -15,6 +16,7 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.limits`: the user's active-task limit and the parent's cap.
 """
 
+from .claims import claim, claim_many
 from .debts import consume_wakeup, drop_wakeups, mark_delivered
 from .deletion import (
     conversation_tree,
@@ -58,8 +60,6 @@ from .sweeps import (
 from .tasks import (
     advance,
     answer,
-    claim,
-    claim_many,
     create_task,
     discard_spawn,
     pause,
