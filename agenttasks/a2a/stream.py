@@ -23,7 +23,6 @@ from . import mapping
 logger = logging.getLogger(__name__)
 
 ENDS = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
-BATCH = 200
 
 
 class TaskFollower(Follower):
@@ -41,7 +40,6 @@ class TaskFollower(Follower):
         self.task_id = task_id
         self.frame, self.error_frame = frame, error_frame
         self.sent = sent  # SendStreamingMessage: the task as sent, and where its log resumes
-        self.last = 0
         self.conversation_id = (
             Task.objects.filter(pk=task_id).values_list("conversation_id", flat=True).get()
         )
@@ -83,13 +81,8 @@ class TaskFollower(Follower):
         return text
 
     def _read(self) -> list[dict]:
-        events = list(
-            Event.objects.filter(conversation_id=self.conversation_id, seq__gt=self.last).order_by(
-                "seq"
-            )[:BATCH]
-        )
         out = []
-        for event in events:
+        for event in self.next_events():
             self.last = event.seq
             if event.task_id != self.task_id:
                 continue  # a child's status mirrored into this conversation

@@ -19,7 +19,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
@@ -72,6 +72,7 @@ class Follower:
     """
 
     conversation_id: str
+    last = 0  # the seq of the last event read
 
     def __init__(self, held: slots.Held | None = None, client_fd: int | None = None):
         self.held = held or slots.Held(None, "", 0)
@@ -122,6 +123,13 @@ class Follower:
         self._deletion_checked = now
         return not Conversation.objects.visible().filter(pk=self.conversation_id).exists()
 
+    def next_events(self, types: Collection[str] = ()) -> list[Event]:
+        """Return the conversation's next events after `last` (of `types`, if any), BATCH at most."""
+        events = Event.objects.filter(conversation_id=self.conversation_id, seq__gt=self.last)
+        if types:
+            events = events.filter(type__in=types)
+        return list(events.order_by("seq")[:BATCH])
+
     def release(self) -> None:
         self.held.release()
 
@@ -143,7 +151,6 @@ class EventStream(Follower):
         self.task_id = task_id
         self.resume = resume
         self.until_terminal = until
-        self.last = 0
         self.deltas: collections.deque = collections.deque()  # (run id, piece), not yet sent
         self._reader: Callable[[str, str], None] | None = None
 
@@ -239,11 +246,7 @@ class EventStream(Follower):
         return text
 
     def _read(self) -> tuple[str, int]:
-        events = list(
-            Event.objects.filter(conversation_id=self.conversation_id, seq__gt=self.last).order_by(
-                "seq"
-            )[:BATCH]
-        )
+        events = self.next_events()
         out = []
         for event in events:
             out.append(frame(event))

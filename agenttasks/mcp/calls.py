@@ -33,7 +33,7 @@ from ..api import slots
 from ..api.streams import Follower
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
-from ..models import Event, PendingAction, Task, TaskResult
+from ..models import PendingAction, Task, TaskResult
 from ..runtime import task_tools as tt
 from ..runtime.base import release_connection
 from ..states import TERMINAL, TaskStatus
@@ -43,7 +43,6 @@ from .tools import TaskTools, check_label, error_result, rest_checked, text_resu
 
 logger = logging.getLogger(__name__)
 
-BATCH = 200
 # Appended to the followed task's log when the person declines or dismisses an elicitation
 # (2025-11-25: the answer comes in a request of its own, maybe to another process).
 ELICITATION_EVENT = "mcp.elicitation"
@@ -283,10 +282,7 @@ class CallFollower(Follower):
 
     def _events(self) -> list[str]:
         out = []
-        events = Event.objects.filter(
-            conversation_id=self.conversation_id, seq__gt=self.last, type__in=WATCHED
-        ).order_by("seq")[:BATCH]
-        for event in events:
+        for event in self.next_events(WATCHED):
             self.last = event.seq
             data = event.data or {}
             if event.type == ELICITATION_EVENT:

@@ -13,14 +13,13 @@ import logging
 
 from .. import wakeups
 from ..api.streams import Follower
-from ..models import Conversation, Event
+from ..models import Conversation
 from ..runtime.base import release_connection
 from ..states import TaskStatus
 from . import protocol
 
 logger = logging.getLogger(__name__)
 
-BATCH = 200
 ENDINGS = {TaskStatus.COMPLETED, TaskStatus.FAILED}  # the endings that owe a wake-up
 
 
@@ -39,7 +38,6 @@ class NoticeFollower(Follower):
         self.session = session
         self.conversation_id = session.conversation_id
         self.frame = frame
-        self.last = 0
         self.sent: set[tuple[str, str]] = set()  # (task id, run id) of the wake-ups told
 
     def opening(self) -> list[str]:
@@ -54,11 +52,7 @@ class NoticeFollower(Follower):
 
     def poll(self) -> str:
         try:
-            events = list(
-                Event.objects.filter(
-                    conversation_id=self.conversation_id, seq__gt=self.last, type="task.status"
-                ).order_by("seq")[:BATCH]
-            )
+            events = self.next_events(["task.status"])
             if events:
                 self.last = events[-1].seq
             if any((e.data or {}).get("to") in ENDINGS for e in events):
