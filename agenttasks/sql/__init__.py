@@ -2,14 +2,15 @@
 
 A later migration adds a file with the next version (`_v2`) instead of rewriting one that a
 database may already hold; the version it replaces moves to `agenttasks/migrations/sql/`, read
-only by the migration that installed it. What SQL and Python share is written into a file when a migration
-installs it (`render`): `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs
-of states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames),
-`:id_length` and `:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue
-table), `:runs_channel` (the channel worker processes listen on) and the channels of
-agenttasks.listen (`:events_channel`, `:stop_channel`, `:task_ended_channel`), so each has one
-source. Migrations load it once the app registry is ready
-(it reads django-q2's model).
+only by the migration that installed it.
+
+What SQL and Python share is written into a file when a migration installs it (`render`), so each
+has one source: `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs of
+states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames), `:id_length` and
+`:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue table),
+`:runs_channel` (the channel worker processes listen on) and the channels of agenttasks.listen
+(`:events_channel`, `:stop_channel`, `:task_ended_channel`). Migrations load it once the app
+registry is ready (it reads django-q2's model).
 """
 
 import json
