@@ -366,6 +366,8 @@ def test_a_saturated_cluster_still_reaps_and_delivers_callbacks(start_cluster, u
         Run.objects.filter(pk=orphan.run_id).update(
             heartbeat_at=timezone.now() - timedelta(minutes=5)
         )
+        # The row of the first pass is written as the pass ends, which may be after this.
+        wait_for(ReaperPass.objects.exists, timeout=10, message="a first pass")
         passed = ReaperPass.objects.get().finished_at
         wait_for(lambda: Task.objects.get(pk=orphan.id).status == "failed", timeout=10)
         wait_for(lambda: ReaperPass.objects.get().finished_at > passed, message="another pass")
