@@ -16,13 +16,9 @@ class AgentTasksConfig(AppConfig):
 
     def ready(self):
         # Imported here, not at the top: they import models, which exist only once apps load.
-        from . import (
-            checks,  # noqa: F401  (registers the system checks)
-            forking,
-            queue,
-            reaper,
-            worker,
-        )
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .broker import queue
+        from .execution import forking, reaper, worker
 
         # django-q2 forks its workers from a process that may hold pooled connections.
         forking.install_fork_guard()

@@ -7,9 +7,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from . import forking, registry
+from . import registry
 from .conf import DEFAULTS, app_settings
-from .worker import slots_per_process
+from .execution import forking
+from .execution.worker import slots_per_process
 
 REQUIRED_APPS = ("rest_framework", "django_q")
 

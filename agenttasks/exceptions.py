@@ -3,7 +3,7 @@
 A refusal's `str()` is what Python is told, in the stored statuses (`running`,
 `waiting_for_input`, …). Every other surface words it from its `code`, `status_code` and data
 (ids, limits, statuses) in one place of its own: REST, A2A, MCP and the admin through
-`api.errors.refusal` (the envelope of docs/rest.md#errors), the model tools through
+`toolkit.errors.refusal` (the envelope of docs/rest.md#errors), the model tools through
 `runtime.task_tools.model_text` (the model-facing words `working`, `input_required`). `.info` is
 the task as it was when refused (the tools show it).
 """

@@ -33,7 +33,8 @@ def statements(fn) -> int:
 
 def measure(n: int) -> dict[str, tuple[float, int]]:
     """Return {step: (median milliseconds, statements)} for create and execute_run."""
-    from agenttasks import lifecycle, worker
+    from agenttasks import lifecycle
+    from agenttasks.execution import worker
 
     clean()
     user = bench_user()
@@ -61,7 +62,8 @@ def measure(n: int) -> dict[str, tuple[float, int]]:
 
 
 def profile(n: int) -> None:
-    from agenttasks import lifecycle, worker
+    from agenttasks import lifecycle
+    from agenttasks.execution import worker
 
     user = bench_user()
     creating = cProfile.Profile()

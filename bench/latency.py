@@ -85,7 +85,8 @@ def measure(k: int, port: int) -> dict[str, list[float]]:
     import httpx
     from rest_framework.authtoken.models import Token
 
-    from agenttasks import lifecycle, queue, store
+    from agenttasks import lifecycle, store
+    from agenttasks.broker import queue
     from agenttasks.models import Task
     from agenttasks.types import RunOutcome
 

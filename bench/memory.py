@@ -26,8 +26,8 @@ def measure(n: int, batch: int) -> list[tuple[int, int]]:
     from django.db import transaction
 
     from agenttasks import lifecycle
+    from agenttasks.execution.worker import slots_per_process
     from agenttasks.models import Task
-    from agenttasks.worker import slots_per_process
 
     clean()
     user = bench_user()

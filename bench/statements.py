@@ -18,7 +18,9 @@ def count(fn) -> int:
 
 
 def measure() -> list[tuple[str, int]]:
-    from agenttasks import lifecycle, queue, store, wakeups
+    from agenttasks import lifecycle, store
+    from agenttasks.broker import queue
+    from agenttasks.delivery import wakeups
     from agenttasks.models import Conversation, Run, Task
     from agenttasks.types import Ending, RunOutcome
 

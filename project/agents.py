@@ -4,9 +4,9 @@ import time
 
 from agenttasks import registry
 from agenttasks.conf import app_settings
+from agenttasks.delivery.wakeups import PREFIX
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import task_tools
-from agenttasks.wakeups import PREFIX
 
 
 def describe_state(state) -> str:

@@ -8,9 +8,9 @@ import os
 import time
 
 from agenttasks import registry
+from agenttasks.delivery.wakeups import PREFIX
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import task_tools
-from agenttasks.wakeups import PREFIX
 
 
 def echo(ctx):

@@ -7,7 +7,8 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection
 
-from agenttasks import queue, registry, signals
+from agenttasks import registry, signals
+from agenttasks.broker import queue
 from agenttasks.runtime.base import Reply
 
 from .factories import ConversationFactory, RunFactory, UserFactory
@@ -210,8 +211,8 @@ def _release_the_test_database(django_db_setup, django_db_blocker):
     connections (CONN_MAX_AGE) this thread cannot close; they are this run's own.
     """
     yield
-    from agenttasks import deltas
-    from agenttasks.listen import hub
+    from agenttasks.broker import deltas
+    from agenttasks.broker.listen import hub
 
     hub.stop()
     deltas.stop()
@@ -229,7 +230,7 @@ def _release_the_test_database(django_db_setup, django_db_blocker):
 @pytest.fixture
 def no_local_wakeups():
     """Turn off in-process wake-ups so a waiter must notice a change by polling."""
-    from agenttasks.listen import hub
+    from agenttasks.broker.listen import hub
 
     hub.enabled = False
     yield

@@ -24,7 +24,8 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
-from agenttasks import lifecycle, registry, worker
+from agenttasks import lifecycle, registry
+from agenttasks.execution import worker
 from agenttasks.models import Event, Task
 from agenttasks.tools import tool
 

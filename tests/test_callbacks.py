@@ -11,8 +11,9 @@ import time
 import pytest
 from django.test.utils import override_settings
 
-from agenttasks import callbacks, lifecycle, store
-from agenttasks.callbacks import CallbackURLError
+from agenttasks import lifecycle, store
+from agenttasks.delivery import callbacks
+from agenttasks.delivery.callbacks import CallbackURLError
 from agenttasks.models import A2APushConfig, Event, Task
 from agenttasks.types import NewTask
 
@@ -110,7 +111,7 @@ def test_a_job_delivered_twice_sends_once(user, receiver):
 def test_non_2xx_is_a_failure_without_retry(user, receiver, caplog):
     receiver.status = 500
     task = ended(user, "completed", receiver.url)
-    with caplog.at_level(logging.WARNING, logger="agenttasks.callbacks"):
+    with caplog.at_level(logging.WARNING, logger="agenttasks.delivery.callbacks"):
         callbacks.send(task.id, "completed", task.version)
     assert len(receiver.requests) == 1
     (event,) = outcome_events(task)
@@ -139,7 +140,7 @@ def test_redirects_are_not_followed(user, receiver):
 def test_timeout(user, receiver, caplog):
     receiver.delay = 3
     task = ended(user, "completed", receiver.url)
-    with caplog.at_level(logging.WARNING, logger="agenttasks.callbacks"):
+    with caplog.at_level(logging.WARNING, logger="agenttasks.delivery.callbacks"):
         callbacks.send(task.id, "completed", task.version)
     (event,) = outcome_events(task)
     assert event.type == "callback.failed" and "timed out" in event.data["error"]

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from agenttasks import lifecycle, worker
+from agenttasks import lifecycle
+from agenttasks.execution import worker
 from agenttasks.models import Event, PendingAction, Run
 from agenttasks.runtime import model_client
 

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from agenttasks import lifecycle, worker
+from agenttasks import lifecycle
+from agenttasks.delivery.wakeups import PREFIX
+from agenttasks.execution import worker
 from agenttasks.models import Event, Run, Task, Wakeup
-from agenttasks.wakeups import PREFIX
 
 from .conftest import wait_for
 from .fake_model import answer, calls, hold, http, in_thread, run_to_idle

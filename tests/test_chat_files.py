@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from agenttasks import files, lifecycle
+from agenttasks import lifecycle
 from agenttasks.models import File
 from agenttasks.runtime.content import FILE_TEXT_CHARS
+from agenttasks.store import files
 
 from .fake_model import answer, refresh, run_to_idle
 

@@ -7,9 +7,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test.utils import override_settings
 from django_q.exceptions import TimeoutException
 
-from agenttasks import lifecycle, registry, worker
-from agenttasks.deadlines import killed_text
+from agenttasks import lifecycle, registry
+from agenttasks.execution import worker
 from agenttasks.models import Run, Task
+from agenttasks.runtime.deadlines import killed_text
 
 from .agents import slow
 from .conftest import wait_for

@@ -10,9 +10,11 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from agenttasks import lifecycle, registry, store, wakeups, worker
+from agenttasks import lifecycle, registry, store
 from agenttasks.conf import app_settings
+from agenttasks.delivery import wakeups
 from agenttasks.exceptions import ActionPending, ConversationBusy, NotRetryable, TaskBusy
+from agenttasks.execution import worker
 from agenttasks.lifecycle import escalation as escalations
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime import delegation

@@ -18,9 +18,11 @@ from django.test import override_settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from agenttasks import files, lifecycle, reaper
+from agenttasks import lifecycle
 from agenttasks.exceptions import ActiveTaskLimit
+from agenttasks.execution import reaper
 from agenttasks.models import Conversation, Event, File, PendingAction, Run, Task, Wakeup
+from agenttasks.store import files
 
 from .cluster import ROOT, database_env
 from .conftest import wait_for

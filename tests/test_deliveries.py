@@ -6,7 +6,10 @@ import pytest
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from agenttasks import deliveries, lifecycle, queue, reaper, worker
+from agenttasks import lifecycle
+from agenttasks.broker import queue
+from agenttasks.delivery import outbox as deliveries
+from agenttasks.execution import reaper, worker
 from agenttasks.models import A2APushConfig, Delivery, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,8 +7,8 @@ from django.db import connection
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 from django.test import override_settings
 
-from agenttasks import forking
 from agenttasks.checks import check_fork_safety, unresettable_pools
+from agenttasks.execution import forking
 from agenttasks.models import Task
 
 from .conftest import on_postgres, wait_for

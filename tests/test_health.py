@@ -13,8 +13,9 @@ from django.test.utils import override_settings
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from agenttasks import health, store
+from agenttasks import store
 from agenttasks.models import ReaperPass, Run
+from agenttasks.operations import health
 from agenttasks.types import NewTask
 
 from .conftest import wait_for

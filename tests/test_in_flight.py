@@ -19,8 +19,11 @@ from django.test.utils import override_settings
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from agenttasks import deltas, health, lifecycle, metrics, queue, store, worker
+from agenttasks import lifecycle, store
+from agenttasks.broker import deltas, queue
+from agenttasks.execution import worker
 from agenttasks.models import Event, PendingAction, ReaperPass, Run, Task, WorkerProcess
+from agenttasks.operations import health, metrics
 from agenttasks.runtime.model_client import model_io
 from agenttasks.store.endings import ORPHAN_TEXT
 from agenttasks.types import NewTask

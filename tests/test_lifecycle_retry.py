@@ -498,7 +498,7 @@ def test_7_2_23_retryable_is_about_the_task_not_the_parents_capacity(h):
 
 def test_a_retry_launch_failure_sends_the_callback_of_the_failure(user):
     """The failure the release writes is announced like any other: its callback is queued."""
-    from agenttasks import queue
+    from agenttasks.broker import queue
     from agenttasks.types import RunOutcome
 
     with queue.use_backend(queue.RecordingQueue(run_jobs=False)) as recorded:
@@ -515,4 +515,7 @@ def test_a_retry_launch_failure_sends_the_callback_of_the_failure(user):
             lifecycle.retry(task.id)
     released = row(task.id)
     assert released.status == "failed" and "retry could not start" in released.summary
-    assert ("agenttasks.callbacks.send", (task.id, "failed", released.version)) in recorded.jobs
+    assert (
+        "agenttasks.delivery.callbacks.send",
+        (task.id, "failed", released.version),
+    ) in recorded.jobs

@@ -28,9 +28,11 @@ from django.db import DatabaseError, connection
 from django.test import override_settings
 from django.utils import timezone
 
-from agenttasks import lifecycle, registry, store, wakeups
+from agenttasks import lifecycle, registry, store
+from agenttasks.broker.listen import hub, task_key
+from agenttasks.delivery import wakeups
+from agenttasks.delivery.wakeups import PREFIX
 from agenttasks.exceptions import ActionPending, DepthLimit, RunNotFound, TaskBusy, TaskNotFound
-from agenttasks.listen import hub, task_key
 from agenttasks.models import (
     Comment,
     Conversation,
@@ -43,7 +45,6 @@ from agenttasks.models import (
 from agenttasks.runtime.base import Reply
 from agenttasks.runtime.task_tools import model_text
 from agenttasks.types import ActionRequest, Continuation, RunOutcome, StopOutcome
-from agenttasks.wakeups import PREFIX
 
 from .conftest import failing_inserts, on_postgres, run_threads, wait_for
 from .factories import ConversationFactory, RunFactory
@@ -722,7 +723,7 @@ def test_7_9_17_deleting_during_a_run(parent, parent_run, user, signal_log):
 
 def test_7_9_17_the_worker_swallows_the_late_ending(parent, parent_run, user, caplog):
     """Through worker.execute_run: the handler deletes the tree while its own run executes."""
-    from agenttasks import worker
+    from agenttasks.execution import worker
 
     seen = {}
 
@@ -744,7 +745,9 @@ def test_7_9_17_the_worker_swallows_the_late_ending(parent, parent_run, user, ca
     assert not Task.objects.exists() and not Wakeup.objects.exists()
     assert not Conversation.objects.filter(pk=parent.id).exists()
     gone = [
-        r for r in caplog.records if r.name == "agenttasks.worker" and r.levelno == logging.INFO
+        r
+        for r in caplog.records
+        if r.name == "agenttasks.execution.worker" and r.levelno == logging.INFO
     ]
     assert gone, [r.getMessage() for r in caplog.records]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

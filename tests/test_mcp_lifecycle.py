@@ -3,7 +3,8 @@ wake-ups (docs/lifecycle.md#wake-up-debt-and-notifications), and `host_conversat
 
 import pytest
 
-from agenttasks import lifecycle, store, wakeups
+from agenttasks import lifecycle, store
+from agenttasks.delivery import wakeups
 from agenttasks.exceptions import ConversationNotFound
 from agenttasks.models import Conversation, Event, Run, Task, Wakeup
 

@@ -11,8 +11,10 @@ from django.test.utils import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from agenttasks import lifecycle, metrics, reaper, store, worker
+from agenttasks import lifecycle, store
+from agenttasks.execution import reaper, worker
 from agenttasks.models import Counter, Run, Task, TaskCount
+from agenttasks.operations import metrics
 from agenttasks.types import NewTask
 
 from .conftest import on_postgres, run_threads

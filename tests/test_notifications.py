@@ -12,10 +12,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agenttasks import lifecycle, store
+from agenttasks.delivery.wakeups import (
+    GUIDANCE,
+    PREFIX,
+    RETRY_HINT,
+    format_notification,
+    task_line,
+)
 from agenttasks.models import Event, Task, Wakeup
 from agenttasks.text import go_quote, one_line
 from agenttasks.types import RunOutcome
-from agenttasks.wakeups import GUIDANCE, PREFIX, RETRY_HINT, format_notification, task_line
 
 # The consumer side of docs/lifecycle.md#the-notification, verbatim.
 LINE_RE = re.compile(r'^Task "(.*)" \(([^)]+)\) (\w+)\.(?: Result: (.*))?$')

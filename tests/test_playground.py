@@ -10,8 +10,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from agenttasks import deltas, lifecycle
-from agenttasks.listen import hub
+from agenttasks import lifecycle
+from agenttasks.broker import deltas
+from agenttasks.broker.listen import hub
 from agenttasks.models import Conversation, Task
 
 from . import test_admin_browser as chrome

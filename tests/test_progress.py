@@ -3,8 +3,8 @@
 import pytest
 
 from agenttasks import lifecycle, store
+from agenttasks.lifecycle.progress import default_line
 from agenttasks.models import Event
-from agenttasks.progress import default_line
 
 from .conftest import wait_for
 from .harness import row

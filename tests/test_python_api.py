@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from agenttasks import files, lifecycle, registry, store
-from agenttasks.answers import AnswerError
+from agenttasks import lifecycle, registry, store
 from agenttasks.exceptions import ActionNotFound, AlreadyFinal
+from agenttasks.lifecycle.answers import AnswerError
 from agenttasks.models import Comment, Event, File, PendingAction, Task
 from agenttasks.runtime.task_tools import task_tools
+from agenttasks.store import files
 from agenttasks.types import ActionRequest, TaskInfo
 
 from .harness import finish, row

@@ -1,5 +1,5 @@
 """The README's callback receiver ("Receiving a callback"): its standard-library function accepts
-what agenttasks signs and refuses what agenttasks.signatures.verify refuses (docs/rest.md#callbacks).
+what agenttasks signs and refuses what agenttasks.delivery.signatures.verify refuses (docs/rest.md#callbacks).
 """
 
 import ast
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agenttasks.signatures import SIGNATURE_HEADER, InvalidSignature, signature, verify
+from agenttasks.delivery.signatures import SIGNATURE_HEADER, InvalidSignature, signature, verify
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = "whsec-test"
@@ -48,7 +48,7 @@ def signed(body=BODY, secret=SECRET, at=None) -> dict:
 
 
 def both(verify_callback, headers, body=BODY, secret=SECRET, tolerance=300) -> tuple[bool, bool]:
-    """What the README's function says, and what agenttasks.signatures.verify says."""
+    """What the README's function says, and what agenttasks.delivery.signatures.verify says."""
     try:
         verify(headers, body, secret, tolerance)
         package = True

@@ -8,7 +8,8 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_q.models import Schedule
 
-from agenttasks import queue, store
+from agenttasks import store
+from agenttasks.broker import queue
 from agenttasks.models import Run, Task
 from agenttasks.types import NewTask
 
@@ -47,11 +48,11 @@ def test_a_pass_fails_the_orphan(user):
 
 
 def test_the_schedule_is_installed_once(db):
-    queue.install_schedule("agenttasks reaper", "agenttasks.reaper.reap")
-    queue.install_schedule("agenttasks reaper", "agenttasks.reaper.reap")
+    queue.install_schedule("agenttasks reaper", "agenttasks.execution.reaper.reap")
+    queue.install_schedule("agenttasks reaper", "agenttasks.execution.reaper.reap")
     (schedule,) = Schedule.objects.filter(name="agenttasks reaper")
     assert (schedule.func, schedule.schedule_type, schedule.repeats) == (
-        "agenttasks.reaper.reap",
+        "agenttasks.execution.reaper.reap",
         Schedule.MINUTES,
         -1,
     )
@@ -61,7 +62,7 @@ def test_a_cluster_installs_the_schedule_itself(start_cluster):
     start_cluster(workers=1)
     wait_for(
         lambda: Schedule.objects.filter(
-            name="agenttasks reaper", func="agenttasks.reaper.reap"
+            name="agenttasks reaper", func="agenttasks.execution.reaper.reap"
         ).exists(),
         timeout=20,
         message="the reaper's schedule",
@@ -70,7 +71,7 @@ def test_a_cluster_installs_the_schedule_itself(start_cluster):
 
 def test_the_dry_run_lists_what_the_pass_then_settles(user):
     """The preview and the pass read the same sweep QuerySets (store.sweeps)."""
-    from agenttasks import reaper
+    from agenttasks.execution import reaper
     from agenttasks.models import Wakeup
 
     from .factories import ConversationFactory, WakeupFactory

@@ -11,7 +11,9 @@ from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from agenttasks import lifecycle, queue, reaper, store
+from agenttasks import lifecycle, store
+from agenttasks.broker import queue
+from agenttasks.execution import reaper
 from agenttasks.models import Run, Task
 from agenttasks.types import ActionRequest, NewTask
 

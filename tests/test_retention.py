@@ -12,7 +12,8 @@ from django.utils import timezone
 from django_q.models import Schedule
 from django_q.models import Task as QTask
 
-from agenttasks import files, lifecycle, retention, worker
+from agenttasks import lifecycle
+from agenttasks.execution import worker
 from agenttasks.models import (
     A2AContext,
     A2APushConfig,
@@ -27,6 +28,8 @@ from agenttasks.models import (
     TaskResult,
     Wakeup,
 )
+from agenttasks.operations import retention
+from agenttasks.store import files
 
 from .conftest import wait_for
 from .factories import ConversationFactory, RunFactory
@@ -281,7 +284,7 @@ def test_a_cluster_installs_the_daily_schedule_itself(start_cluster):
     )
     (schedule,) = Schedule.objects.filter(name=retention.SCHEDULE_NAME)
     assert (schedule.func, schedule.schedule_type, schedule.repeats) == (
-        "agenttasks.retention.run",
+        "agenttasks.operations.retention.run",
         Schedule.DAILY,
         -1,
     )

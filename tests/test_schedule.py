@@ -3,7 +3,8 @@
 import pytest
 from django_q.models import Schedule
 
-from agenttasks import queue, reaper
+from agenttasks.broker import queue
+from agenttasks.execution import reaper
 
 from .conftest import run_threads, wait_for
 
@@ -37,7 +38,7 @@ def test_four_workers_install_one_schedule(start_cluster):
     start(start_cluster, 1)
     (schedule,) = schedules()
     assert (schedule.func, schedule.schedule_type, schedule.repeats) == (
-        "agenttasks.reaper.reap",
+        "agenttasks.execution.reaper.reap",
         Schedule.MINUTES,
         -1,
     )
@@ -47,7 +48,7 @@ def test_two_clusters_keep_one_schedule_and_remove_duplicates(start_cluster):
     for _ in range(3):  # what earlier versions left behind
         Schedule.objects.create(
             name=reaper.SCHEDULE_NAME,
-            func="agenttasks.reaper.reap",
+            func="agenttasks.execution.reaper.reap",
             schedule_type=Schedule.MINUTES,
             minutes=1,
             repeats=-1,
@@ -63,7 +64,10 @@ def test_concurrent_installs_make_one_schedule():
     for _ in range(5):
         Schedule.objects.filter(name=reaper.SCHEDULE_NAME).delete()
         results = run_threads(
-            lambda i: queue.install_schedule(reaper.SCHEDULE_NAME, "agenttasks.reaper.reap"), 8
+            lambda i: queue.install_schedule(
+                reaper.SCHEDULE_NAME, "agenttasks.execution.reaper.reap"
+            ),
+            8,
         )
         assert results == [None] * 8
         assert len(schedules()) == 1

@@ -259,7 +259,7 @@ def test_spawn_task_of_a_task_that_already_finished_settles_its_debt(parent, par
             task.conversation_id, RunOutcome(run_id, "completed", text="fast")
         )
 
-    from agenttasks import queue
+    from agenttasks.broker import queue
 
     backend = queue.get_backend()
     backend.before_enqueue = run_to_completion

@@ -24,11 +24,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from agenttasks import lifecycle, store
+from agenttasks.delivery.wakeups import PREFIX
 from agenttasks.exceptions import AlreadyFinal, TaskError
 from agenttasks.models import Event, Run, Task, Wakeup
 from agenttasks.runtime.task_tools import task_tools
 from agenttasks.types import RunOutcome
-from agenttasks.wakeups import PREFIX
 
 from .factories import ConversationFactory
 

@@ -6,7 +6,8 @@ import time
 import pytest
 from django.test.utils import override_settings
 
-from agenttasks import lifecycle, queue, store
+from agenttasks import lifecycle, store
+from agenttasks.broker import queue
 from agenttasks.models import Conversation, Event, PendingAction, Run, Task, Wakeup
 from agenttasks.types import NewTask
 
@@ -265,7 +266,7 @@ def test_a_timer_lock_whose_holder_was_killed_is_waited_for_a_while_not_forever(
     import signal as signals
     import time as clock
 
-    from agenttasks import queue
+    from agenttasks.broker import queue
 
     monkeypatch.setattr(queue, "LOCK_PATIENCE", 1.0)
     timer = queue.patient_value("f", -1)

@@ -5,8 +5,9 @@ from a2a.utils.constants import PROTOCOL_VERSION_1_0, TransportProtocol
 from django.utils.module_loading import import_string
 from rest_framework.settings import api_settings
 
-from .. import __version__, files
+from .. import __version__
 from ..conf import app_settings
+from ..store import files
 
 TEXT = "text/plain"
 JSON = "application/json"

@@ -20,13 +20,14 @@ from django.utils import timezone
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct, Value
 
-from .. import files, lifecycle
-from ..api import errors as api_errors
+from .. import lifecycle
 from ..api.serializers import pending_actions
-from ..api.serializers.checks import uploads as rest_uploads
 from ..ids import new_task_id
 from ..models import A2AContext, Event, Task, TaskResult
 from ..states import TaskStatus
+from ..store import files
+from ..toolkit import errors
+from ..toolkit.checks import uploads as rest_uploads
 
 STATES: dict[str, Any] = {
     TaskStatus.PENDING: pb.TASK_STATE_SUBMITTED,
@@ -321,7 +322,7 @@ def upload(i: int, part: pb.Part, raw: str) -> files.Upload:
     }
     try:
         (checked,) = rest_uploads([item])
-    except api_errors.ApiError as exc:
+    except errors.ApiError as exc:
         message = exc.message
         for rest_field, field_name in PART_FIELDS.items():
             message = message.replace(f"files[0].{rest_field}", f"parts[{i}].{field_name}")

@@ -2,7 +2,7 @@
 
 A task's configs are notified when it enters input-required or a terminal state: one queued job
 per config and ending, after commit, recorded as owed with the ending (the reaper queues it
-again if it is lost: `agenttasks.deliveries`). The job POSTs a `StreamResponse` (a status update) with
+again if it is lost: `agenttasks.delivery.outbox`). The job POSTs a `StreamResponse` (a status update) with
 `Content-Type: application/a2a+json`, the config's `Authorization: <scheme> <credentials>` and
 its token in `X-A2A-Notification-Token`, to the address `callbacks.check_address` allowed (the
 SSRF guard, CALLBACK_ALLOWED_HOSTS and CALLBACK_ALLOWED_PORTS), without following redirects.
@@ -21,8 +21,11 @@ from a2a.utils.constants import A2A_JSON_MEDIA_TYPE
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf import json_format
 
-from .. import __version__, callbacks, deliveries, queue, signals, store
+from .. import __version__, signals, store
+from ..broker import queue
 from ..conf import app_settings
+from ..delivery import callbacks
+from ..delivery import outbox as deliveries
 from ..exceptions import ConversationNotFound
 from ..models import A2APushConfig, Task
 from ..states import NOTIFIED

@@ -22,16 +22,16 @@ from a2a.utils.errors import (
 from django.db import transaction
 from django.db.models import Q
 
-from .. import callbacks, files, ids, lifecycle
-from ..api import errors as api_errors
-from ..api import serializers as s
-from ..api import slots
-from ..api.cursors import Keyset
-from ..api.permissions import owner_id, user_of
+from .. import ids, lifecycle
 from ..conf import app_settings
+from ..delivery import callbacks
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import A2AContext, A2APushConfig, Conversation, PendingAction, Task
 from ..states import TERMINAL, TaskStatus
+from ..store import files
+from ..toolkit import caps, checks, errors
+from ..toolkit.cursors import Keyset
+from ..toolkit.identity import owner_id, user_of
 from . import mapping, push
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Call:
         )
 
 
-def invalid(exc: api_errors.ApiError) -> InvalidParamsError:
+def invalid(exc: errors.ApiError) -> InvalidParamsError:
     return InvalidParamsError(exc.message)
 
 
@@ -158,11 +158,11 @@ def _history_length(configuration) -> int | None:
     return configuration.history_length if configuration.HasField("history_length") else None
 
 
-def wait_place(call: Call) -> slots.Held:
+def wait_place(call: Call) -> caps.Held:
     """Take one of the user's MAX_WAITS_PER_USER places, as /wait does (429 when all are held)."""
-    return slots.take(
+    return caps.take(
         call.request,
-        slots.WAIT,
+        caps.WAIT,
         app_settings.MAX_WAITS_PER_USER,
         float(app_settings.MAX_STATUS_WAIT) + app_settings.SLOT_LEASE_SECONDS,
     )
@@ -170,13 +170,13 @@ def wait_place(call: Call) -> slots.Held:
 
 def wait(call: Call, task_id: str) -> Task:
     """Wait for a terminal or input-required state, at most MAX_STATUS_WAIT (place held)."""
-    client = slots.client_socket(getattr(call.request, "_request", call.request))
+    client = caps.client_socket(getattr(call.request, "_request", call.request))
     try:
         return lifecycle.wait_for(
             task_id,
             wait=float(app_settings.MAX_STATUS_WAIT),
             settled=SETTLED,
-            stop_check=lambda: slots.gone(client),
+            stop_check=lambda: caps.gone(client),
         )
     except TaskNotFound:
         raise TaskNotFoundError(f"Task not found: {task_id}") from None
@@ -192,9 +192,9 @@ def _metadata(req: SendRequest) -> dict:
     try:
         for path, value in sent:
             if value is not None:
-                merged.update(s.metadata(value, path))
-        return s.metadata(merged)
-    except api_errors.ApiError as exc:
+                merged.update(checks.metadata(value, path))
+        return checks.metadata(merged)
+    except errors.ApiError as exc:
         raise invalid(exc) from None
 
 
@@ -214,8 +214,8 @@ def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None
     if not text.strip():
         raise InvalidParamsError("The message needs a text or data part: the task's input")
     try:
-        text = s.text(text, "input", required_message="input is required")
-    except api_errors.ApiError as exc:
+        text = checks.text(text, "input", required_message="input is required")
+    except errors.ApiError as exc:
         raise invalid(exc) from None
     agent = call.agent
     metadata = _metadata(req)
@@ -245,7 +245,7 @@ def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None
     except TaskError as exc:
         if exc.status_code >= 500:
             raise
-        reason = api_errors.refusal(exc).message
+        reason = errors.refusal(exc).message
         context = context_id or ids.new_id("ctx_")  # nothing written: a context of its own
         return mapping.rejected(reason, context, req.proto.message), None
     except callbacks.CallbackURLError as exc:
@@ -267,9 +267,9 @@ def answer(call: Call, task: Task, incoming) -> Task:
         if not incoming.text.strip():
             raise InvalidParamsError("The answer to a clarification is a text part")
         try:
-            text = s.text(incoming.text, "content", required_message="content is required")
+            text = checks.text(incoming.text, "content", required_message="content is required")
             lifecycle.comment(task.id, text, author=call.user)
-        except api_errors.ApiError as exc:
+        except errors.ApiError as exc:
             raise invalid(exc) from None
         return reload(task.id)
     actions = {a.id: a for a in PendingAction.objects.filter(pk__in=action_ids)}
@@ -284,8 +284,8 @@ def answer(call: Call, task: Task, incoming) -> Task:
                 "Name the action you answer (actionId): one of " + ", ".join(sorted(actions))
             )
         try:
-            resolution = s.ActionAnswerSerializer.validated(body, action=action)
-        except api_errors.ApiError as exc:
+            resolution = checks.answer(action, body)
+        except errors.ApiError as exc:
             raise invalid(exc) from None
         lifecycle.resolve_as_person(action.id, {**resolution, "decided_by": call.user})
     return reload(task.id)
@@ -358,7 +358,7 @@ def list_tasks(call: Call, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
     if req.page_token:
         try:
             rows = rows.filter(order.after(order.position(req.page_token)))
-        except api_errors.ApiError:
+        except errors.ApiError:
             raise InvalidParamsError("pageToken is not one this server gave") from None
     page = list(rows.order_by(*order.ordering)[: size + 1])
     more = len(page) > size

@@ -15,9 +15,9 @@ import logging
 from a2a.types import a2a_pb2 as pb
 from google.protobuf import json_format
 
-from ..api.streams import Follower
 from ..models import Conversation, Event, Task
 from ..states import TERMINAL, TaskStatus
+from ..toolkit.streams import Follower
 from . import mapping
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ ENDS = TERMINAL | {TaskStatus.WAITING_FOR_INPUT}
 class TaskFollower(Follower):
     """What one stream has sent of one task, and how to read what comes next.
 
-    It follows the task's conversation for an api.streams driver; `frame(dict)` and
+    It follows the task's conversation for an toolkit.streams driver; `frame(dict)` and
     `error_frame(exc)` write a StreamResponse and an error in the request's binding.
     """
 

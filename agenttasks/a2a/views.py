@@ -38,13 +38,12 @@ from rest_framework import exceptions
 from rest_framework.views import set_rollback
 
 from .. import registry
-from ..api import body as api_body
-from ..api import errors as api_errors
-from ..api import slots, streams
-from ..api.throttling import ScopeThrottle
-from ..api.views import AppPolicies
 from ..conf import app_settings
 from ..exceptions import TaskError
+from ..toolkit import body as api_body
+from ..toolkit import caps, errors, streams
+from ..toolkit.policies import AppPolicies
+from ..toolkit.throttling import ScopeThrottle
 from . import card, mapping, service, stream
 
 logger = logging.getLogger(__name__)
@@ -101,8 +100,8 @@ def translate(exc) -> Exception:
     if isinstance(exc, (A2AError, HttpRefusal)):
         return exc
     if isinstance(exc, IDENTITY_AND_THROTTLE):
-        exc = api_errors.translate(exc, {})  # the REST API's 401, 403 and 429, as REST words them
-    if isinstance(exc, api_errors.ApiError):
+        exc = errors.translate(exc, {})  # the REST API's 401, 403 and 429, as REST words them
+    if isinstance(exc, errors.ApiError):
         if exc.status in (401, 403, 429):
             return HttpRefusal(exc.status, exc.message, exc.headers)
         if exc.message == "Malformed JSON body":
@@ -117,7 +116,7 @@ def translate(exc) -> Exception:
             else InvalidRequestError(exc.message)
         )
     if isinstance(exc, TaskError) and exc.status_code < 500:
-        message = api_errors.refusal(exc).message
+        message = errors.refusal(exc).message
         if exc.status_code == 404:
             return TaskNotFoundError(message)
         if exc.status_code == 429:
@@ -168,9 +167,9 @@ class A2AView(AppPolicies):
     def stream_place(self):
         """Take one of the user's MAX_STREAMS_PER_USER places (429 when all are held), taken before
         a streamed message creates or answers anything."""
-        return slots.take(
+        return caps.take(
             self.request,
-            slots.STREAM,
+            caps.STREAM,
             app_settings.MAX_STREAMS_PER_USER,
             app_settings.SLOT_LEASE_SECONDS,
         )
@@ -193,7 +192,7 @@ class A2AView(AppPolicies):
             frame,
             error_frame,
             held=held,
-            client_fd=slots.client_socket(request),  # None under ASGI
+            client_fd=caps.client_socket(request),  # None under ASGI
             sent=sent,
         )
         return streams.serve(follower, request)
@@ -338,7 +337,7 @@ class JsonRpcView(A2AView):
         # The body is read first to learn the method (its refusal waits until after the throttle).
         try:
             self.body, self.body_error = api_body.parse(request), None
-        except api_errors.ApiError as exc:
+        except errors.ApiError as exc:
             self.body, self.body_error = None, exc
         super().check_throttles(request)
 

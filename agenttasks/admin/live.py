@@ -8,15 +8,16 @@ handful of operators, and each stream still closes after STREAM_MAX_SECONDS (the
 
 from django.http import Http404, HttpRequest
 
-from ..api import slots, streams
+from ..api.streams import EventStream
 from ..models import Task
+from ..toolkit import caps, streams
 
 
 def stream(request: HttpRequest, task: Task) -> streams.StreamResponse:
     """Return the event stream of `task`'s conversation, from now on (snapshot, then new events)."""
     if task is None:
         raise Http404
-    events = streams.EventStream(
-        task.conversation_id, task.pk, None, False, client_fd=slots.client_socket(request)
+    events = EventStream(
+        task.conversation_id, task.pk, None, False, client_fd=caps.client_socket(request)
     )
     return streams.serve(events, request)

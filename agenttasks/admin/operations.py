@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from django.contrib import messages
 
 from .. import lifecycle
-from ..api import errors as api_errors
 from ..exceptions import (
     ActionResolved,
     AlreadyFinal,
@@ -21,6 +20,7 @@ from ..exceptions import (
 )
 from ..models import PendingAction, Task
 from ..states import LIVE, TaskStatus
+from ..toolkit import errors
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def resolve(action: PendingAction, resolution: dict) -> tuple[str, bool]:
     try:
         task = lifecycle.resolve_as_person(action.pk, resolution)
     except ActionResolved as exc:  # settled, stale, or expired (its timeout applied now)
-        return f"{api_errors.refusal(exc).message}.", False
+        return f"{errors.refusal(exc).message}.", False
     except TaskError as exc:  # deleted or moved meanwhile
         return f"Action {action.pk} was not answered: {exc}", False
     done = {"approved": "Approved", "denied": "Denied", "answered": "Answered"}

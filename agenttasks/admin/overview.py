@@ -7,9 +7,10 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from .. import health, lifecycle
+from .. import lifecycle
 from ..conf import app_settings
 from ..models import PendingAction, Run, Task
+from ..operations import health
 from ..states import TERMINAL, ActionStatus, RunStatus, TaskStatus
 from .base import human_duration, lease, lease_cutoff, seconds_between
 

@@ -22,8 +22,8 @@ from rest_framework.response import Response
 from .. import store
 from ..conf import app_settings
 from ..models import IdempotencyKey
-from . import errors
-from .permissions import user_of
+from ..toolkit import errors
+from ..toolkit.identity import user_of
 
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"

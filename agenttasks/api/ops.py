@@ -12,11 +12,11 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.request import Request
 
-from .. import health as health_check
-from .. import metrics as collected
 from ..conf import app_settings
-from . import errors
-from .permissions import authenticators
+from ..operations import health as health_check
+from ..operations import metrics as collected
+from ..toolkit import errors
+from ..toolkit.identity import authenticators
 
 SAFE_METHODS = ("GET", "HEAD")
 

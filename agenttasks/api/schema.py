@@ -17,7 +17,7 @@ from pathlib import Path
 
 import drf_spectacular_sidecar
 from django.http import FileResponse, HttpResponse
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch, get_resolver, reverse
 from django.utils.html import escape
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.plumbing import get_lib_doc_excludes
@@ -31,8 +31,8 @@ from .. import __version__, registry
 from ..a2a import available as a2a_available
 from ..conf import app_settings
 from ..mcp import available as mcp_available
-from . import errors
-from .permissions import user_of
+from ..toolkit import errors
+from ..toolkit.identity import user_of
 from .serializers import AgentSerializer
 from .serializers.requests import Body
 from .serializers.shapes import Shape, TaskValues
@@ -109,14 +109,21 @@ def mount_prefix() -> str:
     return tasks[: -len("tasks")].rstrip("/") or "/"
 
 
+def mounted_patterns() -> list:
+    """Return the REST routes in canonical form, as the site mounted them (none when it did not).
+
+    Read through the site's URL resolver rather than imported: the routes serve this document.
+    """
+    mounted = get_resolver().namespace_dict.get("agenttasks")
+    return getattr(mounted[1].urlconf_module, "schema_patterns", []) if mounted else []
+
+
 class Generator(SchemaGenerator):
     """The app's routes only, with its own title, version and server."""
 
     def __init__(self, *args, **kwargs):
         if kwargs.get("patterns") is None and kwargs.get("urlconf") is None:
-            from .urls import schema_patterns  # lazily: urls.py imports this module
-
-            kwargs["patterns"] = schema_patterns
+            kwargs["patterns"] = mounted_patterns()
         super().__init__(*args, **kwargs)
 
     def get_schema(self, request=None, public=False):

@@ -1,19 +1,15 @@
 """Routes of the REST API: canonical paths, with or without one trailing slash, never redirected.
 
-`urlpatterns` dispatch (each route also matches its path plus "/", and a catch-all answers any
-other path under the mount point in the API's own terms); `schema_patterns` are the same routes
-in their canonical form, for the OpenAPI document.
+`urlpatterns` dispatch (each route also matches its path plus "/"); `schema_patterns` are the
+same routes in their canonical form, for the OpenAPI document. `agenttasks.urls` mounts them
+beside the other surfaces.
 """
 
 import re
 
-from django.http import HttpResponse
 from django.urls import path, re_path
-from django.views.decorators.csrf import csrf_exempt
 
-from ..a2a import available as a2a_available
-from ..mcp import available as mcp_available
-from . import errors, ops, schema, views
+from . import ops, schema, views
 
 ROUTES = [
     ("", schema.IndexView, "index"),
@@ -48,12 +44,6 @@ def _regex(route: str) -> str:
     return "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts))
 
 
-@csrf_exempt
-def route_not_found(request, *args, **kwargs) -> HttpResponse:
-    """Answer any other path under the mount point (whoever asks: it reveals nothing)."""
-    return errors.json_error(errors.route_not_found(request))
-
-
 urlpatterns = [
     # The mount point itself is the index ("^/?$" would start with a slash: urls.W002).
     *(
@@ -65,15 +55,6 @@ urlpatterns = [
     re_path(r"^health/?$", ops.health, name="health"),
     re_path(r"^metrics/?$", ops.metrics, name="metrics"),
 ]
-if a2a_available():  # the A2A servers (docs/a2a.md), with the `a2a` extra installed
-    from ..a2a.urls import urlpatterns as a2a_patterns
-
-    urlpatterns += a2a_patterns
-if mcp_available():  # the MCP endpoint (docs/mcp.md), with the `mcp` extra installed
-    from ..mcp.urls import urlpatterns as mcp_patterns
-
-    urlpatterns += mcp_patterns
-urlpatterns.append(re_path(r"^", route_not_found, name="route-not-found"))
 
 schema_patterns = [
     path(re.sub(r"<(\w+)>", r"<str:\1>", r), view.as_view()) for r, view, _ in ROUTES

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from .. import answers, ids, store
+from .. import ids, store
 from ..conf import app_settings
 from ..exceptions import (
     ActionNotFound,
@@ -17,6 +17,7 @@ from ..exceptions import (
 from ..models import Comment, PendingAction, Run, Task
 from ..states import ActionStatus, RunStatus, RunTrigger, TaskStatus
 from ..types import Owner
+from . import answers
 from .base import DELEGATE, info, read, refuse
 from .effects import announce, launch, launch_durable
 

@@ -2,12 +2,13 @@
 
 import logging
 
-from .. import progress, registry
+from .. import registry
 from ..conf import app_settings
 from ..exceptions import TaskError
 from ..models import Run, Task
 from ..states import TaskKind
 from ..types import ConversationRef, TaskInfo
+from . import progress
 
 logger = logging.getLogger(__name__)
 

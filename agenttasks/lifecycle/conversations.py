@@ -5,10 +5,11 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import files, registry, store
+from .. import registry, store
 from ..conf import app_settings
 from ..exceptions import ConversationNotFound, RunNotFound
 from ..models import Conversation, Event, File, Run, Task
+from ..store import files
 from ..types import Owner
 from .answering import comment
 from .base import progress_line

@@ -5,8 +5,10 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from .. import callbacks, files, ids, queue, registry, store
+from .. import ids, registry, store
+from ..broker import queue
 from ..conf import app_settings
+from ..delivery import callbacks
 from ..exceptions import (
     ActiveTaskLimit,
     ConversationNotFound,
@@ -17,6 +19,7 @@ from ..exceptions import (
 )
 from ..models import Conversation, Run, Task
 from ..states import TaskKind
+from ..store import files
 from ..types import ConversationRef, NewTask, Owner, TaskInfo, default_label
 from .base import info, read
 from .effects import announce, launch, launch_durable

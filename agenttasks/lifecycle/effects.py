@@ -4,10 +4,12 @@ import logging
 
 from django.db import DatabaseError, transaction
 
-from .. import callbacks, queue, signals, store, wakeups
+from .. import signals, store
+from ..broker import queue
+from ..broker.listen import hub, task_key
 from ..conf import app_settings
+from ..delivery import callbacks, wakeups
 from ..exceptions import TaskError
-from ..listen import hub, task_key
 from ..models import Task
 from ..states import TERMINAL, TaskStatus
 from .base import DELEGATE

@@ -4,8 +4,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from .. import ids, signals, store, wakeups
+from .. import ids, signals, store
 from ..conf import app_settings
+from ..delivery import wakeups
 from ..exceptions import SpawnError, TaskNotFound
 from ..models import Run, Task
 from ..states import TERMINAL, OutcomeStatus, RunStatus, StopReason, StopRequest, TaskStatus

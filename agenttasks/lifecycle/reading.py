@@ -5,9 +5,9 @@ from collections.abc import Callable, Collection
 
 from django.db import DatabaseError
 
+from ..broker.listen import hub, task_key
 from ..conf import app_settings
 from ..exceptions import SpawnError
-from ..listen import hub, task_key
 from ..models import Task
 from ..states import TERMINAL, TaskStatus
 from ..types import ConversationRef, TaskInfo, TaskMeta

@@ -5,11 +5,14 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from .. import deliveries, queue, store, wakeups
+from .. import store
+from ..broker import queue
 from ..conf import app_settings
+from ..delivery import outbox as deliveries
+from ..delivery import wakeups
 from ..exceptions import StoreError, TaskError
-from ..files import remove_now, remove_stored
 from ..models import Conversation, Task
+from ..store.files import remove_now, remove_stored
 from .answering import expire_actions
 from .effects import announce
 from .endings import on_run_finished

@@ -26,17 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import answers, lifecycle, store
-from ..api import errors as api_errors
-from ..api import serializers as s
-from ..api import slots
-from ..api.streams import Follower
+from .. import lifecycle, store
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
+from ..lifecycle import answers
 from ..models import PendingAction, Task, TaskResult
 from ..runtime import task_tools as tt
 from ..runtime.base import release_connection
 from ..states import TERMINAL, TaskStatus
+from ..toolkit import caps, checks, errors
+from ..toolkit.streams import Follower
 from . import elicitation, protocol
 from .sessions import Session
 from .tools import TaskTools, check_label, error_result, rest_checked, text_result, waiting_text
@@ -68,7 +67,7 @@ class Exchange:
     plain JSON answer carries only the response). `streaming`: messages can go before the
     response (an SSE stream, stdio). `cancel_on_close`: a 2026-07-28 call over HTTP, cancelled
     by closing its stream. `take(kind)` takes one of the caller's places under the REST API's
-    caps (api.slots), over HTTP; `client_fd` tells when a WSGI client has gone.
+    caps (toolkit.caps), over HTTP; `client_fd` tells when a WSGI client has gone.
     """
 
     session: Session
@@ -76,9 +75,9 @@ class Exchange:
     frame: Callable[[dict], str]
     streaming: bool = False
     cancel_on_close: bool = False
-    take: Callable[[str], slots.Held] | None = None
+    take: Callable[[str], caps.Held] | None = None
     client_fd: int | None = None
-    held: slots.Held | None = None
+    held: caps.Held | None = None
 
     @property
     def progress_token(self) -> Any:
@@ -103,10 +102,10 @@ def start(exchange: Exchange, agent_id: str, args: dict) -> "dict | CallFollower
     params = exchange.message.params
     if "requestState" in params or "inputResponses" in params:
         return resume(exchange, agent_id, params)
-    text = rest_checked(s.text, args["input"], "input", required_message="input is required")
+    text = rest_checked(checks.text, args["input"], "input", required_message="input is required")
     label = args.get("label") or ""
     check_label(label)
-    metadata = rest_checked(s.metadata, args.get("metadata") or {}, "metadata")
+    metadata = rest_checked(checks.metadata, args.get("metadata") or {}, "metadata")
     session = exchange.session
     try:
         session.conversation()
@@ -166,7 +165,7 @@ def apply(action: PendingAction, body: dict, session: Session) -> str:
         return f"{action.id}: {exc.message}"
     except TaskError as exc:
         logger.info("mcp.answer_refused action=%s: %s", action.id, exc)
-        return f"{action.id}: {api_errors.refusal(exc).message}"
+        return f"{action.id}: {errors.refusal(exc).message}"
     return ""
 
 
@@ -205,7 +204,7 @@ def outcome(task: Task, mount_url: str) -> dict:
 
 
 class CallFollower(Follower):
-    """Follow one task for an agent's tools/call (an api.streams Follower).
+    """Follow one task for an agent's tools/call (an toolkit.streams Follower).
 
     `poll` reads the task's log and row and writes what goes to the client; `done` once the
     call's response is written.
@@ -232,7 +231,7 @@ class CallFollower(Follower):
         self.note = note
         self.progress = 0.0
 
-    # --- the driver's side (api.streams.Follower) ---------------------------------------------
+    # --- the driver's side (toolkit.streams.Follower) ---------------------------------------------
 
     def opening(self) -> list[str]:
         return [self.poll()]

@@ -13,11 +13,11 @@ import logging
 from typing import Any
 
 from .. import __version__, lifecycle
-from ..api import slots
 from ..exceptions import AlreadyFinal, TaskNotFound
 from ..models import Task
 from ..runtime.base import release_connection
 from ..states import LIVE, TaskKind
+from ..toolkit import caps
 from . import calls, protocol, sessions, tools
 from .calls import Exchange
 from .sessions import Caller, Session
@@ -97,7 +97,7 @@ def call_tool(exchange: Exchange) -> "dict | calls.CallFollower":
     args = tools.check(name, arguments)
     if agent is not None:
         # The place is taken before the task is made: refused it (429), nothing was written.
-        exchange.hold(slots.STREAM if exchange.streaming else slots.WAIT)
+        exchange.hold(caps.STREAM if exchange.streaming else caps.WAIT)
         try:
             out = calls.start(exchange, agent.id, args)
         except BaseException:
@@ -108,12 +108,12 @@ def call_tool(exchange: Exchange) -> "dict | calls.CallFollower":
         return out
     if not tools.waits(name, args):
         return tools.TaskTools(exchange.session, exchange.message.id).call(name, args)
-    exchange.hold(slots.WAIT)
+    exchange.hold(caps.WAIT)
     try:
 
         def stop_check() -> bool:
             release_connection()  # a waiting call holds no connection
-            return slots.gone(exchange.client_fd)
+            return caps.gone(exchange.client_fd)
 
         return tools.TaskTools(exchange.session, exchange.message.id, stop_check).call(name, args)
     finally:

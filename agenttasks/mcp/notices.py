@@ -11,11 +11,11 @@ settles them as the model's own pull.
 
 import logging
 
-from .. import wakeups
-from ..api.streams import Follower
+from ..delivery import wakeups
 from ..models import Conversation
 from ..runtime.base import release_connection
 from ..states import TaskStatus
+from ..toolkit.streams import Follower
 from . import protocol
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def message(items) -> dict:
 
 
 class NoticeFollower(Follower):
-    """Follow a session's conversation; send each owed result once (an api.streams Follower)."""
+    """Follow a session's conversation; send each owed result once (an toolkit.streams Follower)."""
 
     def __init__(self, session, frame, held=None, client_fd=None):
         super().__init__(held, client_fd)

@@ -22,8 +22,8 @@ from django.conf import settings
 from django.core import signing
 
 from .. import ids, lifecycle
-from ..api.permissions import user_of
 from ..models import Conversation
+from ..toolkit.identity import user_of
 from . import protocol
 
 SESSION_SALT = "agenttasks.mcp.session"

@@ -19,8 +19,8 @@ from typing import IO, Any
 
 from django.db import close_old_connections, connection
 
-from ..api import streams
 from ..conf import app_settings
+from ..toolkit import streams
 from . import dispatch, protocol, sessions
 from .calls import CallFollower, Exchange
 from .notices import NoticeFollower

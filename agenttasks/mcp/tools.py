@@ -14,10 +14,7 @@ refusal of the lifecycle is a tool result with `isError`, in the contract's word
 
 from typing import Any
 
-from .. import answers, lifecycle, registry
-from ..api import errors as api_errors
-from ..api import serializers as s
-from ..api.serializers.checks import storable
+from .. import lifecycle, registry
 from ..exceptions import (
     ActionNotFound,
     RunNotFound,
@@ -25,9 +22,12 @@ from ..exceptions import (
     TaskError,
     TaskNotFound,
 )
+from ..lifecycle import answers
 from ..models import Comment, PendingAction, Task
 from ..runtime import task_tools as tt
 from ..states import LIVE, TERMINAL, TaskKind, TaskStatus
+from ..toolkit import checks, errors
+from ..toolkit.checks import storable
 from ..tools import InvalidArguments, check_arguments
 from . import elicitation, protocol
 from .sessions import Session
@@ -193,7 +193,7 @@ def rest_checked(check_fn, *args, **kwargs):
     """Run one of REST's checks; its refusal is INVALID_PARAMS with REST's message."""
     try:
         return check_fn(*args, **kwargs)
-    except api_errors.ApiError as exc:
+    except errors.ApiError as exc:
         raise protocol.invalid_params(exc.message) from None
 
 
@@ -281,7 +281,7 @@ class TaskTools:
         return task
 
     def spawn(self, args: dict) -> dict:
-        rest_checked(s.text, args["input"], "input", required_message="input is required")
+        rest_checked(checks.text, args["input"], "input", required_message="input is required")
         check_label(args["label"])
         name = args["agent_name"]
         if served_agent(name) is None:
@@ -332,7 +332,7 @@ class TaskTools:
         except (ActionNotFound, TaskNotFound, RunNotFound):
             return error_result(f"Action not found: {action_id}")
         except TaskError as exc:
-            return error_result(api_errors.refusal(exc).message)
+            return error_result(errors.refusal(exc).message)
         action.refresh_from_db()
         info = lifecycle.info(Task.objects.select_related("run").get(pk=task.id))
         return text_result(f"action {action.id}: {action.status}\n" + tt.describe(tt.unnamed(info)))

@@ -3,7 +3,7 @@
 A DRF view with the REST API's own policies (docs/rest.md): its authentication classes (and the
 REST token as a bearer token too: `Authorization: Bearer <key>` as well as `Token <key>`), the
 identity rule (ALLOW_ANONYMOUS), the `read`/`write` throttles, its body reading
-(MAX_REQUEST_BYTES, MAX_JSON_DEPTH) and the caps on waits and streams (api.slots). A refusal is
+(MAX_REQUEST_BYTES, MAX_JSON_DEPTH) and the caps on waits and streams (toolkit.caps). A refusal is
 a JSON-RPC error object in the body, with REST's HTTP status and words for identity (401) and
 throttles (429), and the transport's status for the rest.
 
@@ -24,12 +24,11 @@ from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.views import set_rollback
 
-from ..api import body as api_body
-from ..api import errors as api_errors
-from ..api import permissions, slots, streams
-from ..api.throttling import ScopeThrottle
-from ..api.views import AppPolicies
 from ..conf import app_settings
+from ..toolkit import body as api_body
+from ..toolkit import caps, errors, identity, streams
+from ..toolkit.policies import AppPolicies
+from ..toolkit.throttling import ScopeThrottle
 from . import dispatch, protocol, sessions
 from .calls import CallFollower, Exchange
 from .notices import NoticeFollower
@@ -45,7 +44,7 @@ READS = {"initialize", "ping", "server/discover", "tools/list", "logging/setLeve
 def bearer_authenticators() -> list:
     """Return the REST API's authenticators, and its token authentication under `Bearer` as well."""
     out = []
-    for authenticator in permissions.authenticators():
+    for authenticator in identity.authenticators():
         out.append(authenticator)
         if isinstance(authenticator, TokenAuthentication) and authenticator.keyword != "Bearer":
             bearer = copy.copy(authenticator)
@@ -91,8 +90,8 @@ def translate(exc) -> McpError:
             exceptions.PermissionDenied,
         ),
     ):
-        exc = api_errors.translate(exc, {})  # REST's 401, 403 and 429, in REST's words
-    if isinstance(exc, api_errors.ApiError):
+        exc = errors.translate(exc, {})  # REST's 401, 403 and 429, in REST's words
+    if isinstance(exc, errors.ApiError):
         if exc.status in (401, 403, 429):
             data = {"status": exc.status, "code": exc.code, **(exc.details or {})}
             return protocol.invalid_request(
@@ -114,7 +113,7 @@ class McpView(AppPolicies):
     http_method_names = ["get", "post", "delete"]
     request_id = None
     data: dict | None = None
-    body_error: api_errors.ApiError | None = None
+    body_error: errors.ApiError | None = None
 
     def get_authenticators(self):
         return bearer_authenticators()
@@ -124,7 +123,7 @@ class McpView(AppPolicies):
         if request.method == "POST":
             try:
                 self.data = api_body.parse(request)
-            except api_errors.ApiError as exc:
+            except errors.ApiError as exc:
                 self.body_error = exc
         super().check_throttles(request)
 
@@ -214,7 +213,7 @@ class McpView(AppPolicies):
             streaming=stream,
             cancel_on_close=session.modern,
             take=self.take,
-            client_fd=slots.client_socket(django_request),  # None under ASGI
+            client_fd=caps.client_socket(django_request),  # None under ASGI
         )
         out = dispatch.answer(exchange)
         if isinstance(out, dict):
@@ -236,14 +235,14 @@ class McpView(AppPolicies):
         response["Cache-Control"] = "no-cache"
         return response
 
-    def take(self, kind: str) -> slots.Held:
+    def take(self, kind: str) -> caps.Held:
         """Take one of the caller's places: a stream's is renewed while it runs; a wait's lease
         covers the longest wait (MAX_STATUS_WAIT), as /wait's does."""
         lease = float(app_settings.SLOT_LEASE_SECONDS)
-        if kind == slots.STREAM:
-            return slots.take(self.request, kind, app_settings.MAX_STREAMS_PER_USER, lease)
+        if kind == caps.STREAM:
+            return caps.take(self.request, kind, app_settings.MAX_STREAMS_PER_USER, lease)
         lease += float(app_settings.MAX_STATUS_WAIT)
-        return slots.take(self.request, kind, app_settings.MAX_WAITS_PER_USER, lease)
+        return caps.take(self.request, kind, app_settings.MAX_WAITS_PER_USER, lease)
 
     # --- GET: a session's standalone stream ------------------------------------------------
 
@@ -267,7 +266,7 @@ class McpView(AppPolicies):
         session = sessions.resume(caller, request.headers.get(protocol.SESSION_HEADER))
         django_request = request._request
         if isinstance(django_request, ASGIRequest):
-            held = self.take(slots.STREAM)
+            held = self.take(caps.STREAM)
             follower = NoticeFollower(session, sse_frame, held=held)
             response = streams.serve(follower, django_request)
         else:

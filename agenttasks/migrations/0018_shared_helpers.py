@@ -2,7 +2,7 @@
 in from Python (`agenttasks/sql/helpers_v1.sql`), and the create, the claims, the ending and the
 append on them: `agenttasks_create_task_v4`, `agenttasks_claim_v2` (`_tasks_v2`, `_runs_v2`),
 `agenttasks_end_v2` and `agenttasks_append_to_v2`. The notifying triggers of migrations 0002 and
-0006 get functions with the channels of `agenttasks.listen` and the statuses of `states.NOTIFIED`
+0006 get functions with the channels of `agenttasks.broker.listen` and the statuses of `states.NOTIFIED`
 written in (`agenttasks/sql/notify_v1.sql`).
 
 The functions they replace stay installed for the code of earlier versions; nothing of this

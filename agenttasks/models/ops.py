@@ -19,7 +19,7 @@ class ReaperPass(models.Model):
 
 
 class Counter(models.Model):
-    """A monotonic counter shared by every process and node (`agenttasks.metrics`)."""
+    """A monotonic counter shared by every process and node (`agenttasks.operations.metrics`)."""
 
     name = models.CharField("name", max_length=64)
     labels = models.CharField("labels", max_length=200, blank=True)  # k=v,k=v, sorted by key
@@ -37,7 +37,7 @@ class Counter(models.Model):
 
 
 class TaskCount(models.Model):
-    """Tasks by status, kept by database triggers on PostgreSQL (`agenttasks.metrics`).
+    """Tasks by status, kept by database triggers on PostgreSQL (`agenttasks.operations.metrics`).
 
     Each connection adds to its own shard of a status, so concurrent writers do not queue on one
     row; the count of a status is the sum of its shards.

@@ -13,8 +13,8 @@ from django.utils import timezone
 from .. import lifecycle
 from ..conf import _positive_number, app_settings
 from ..exceptions import TaskError
-from ..files import storage
 from ..models import Comment, Event, File, PendingAction, Run
+from ..store.files import storage
 from ..types import ActionRequest
 from .budget import Budget, BudgetExceeded, Window
 from .chain import depth_of, detached_callers

@@ -10,7 +10,8 @@ is model_client.py.
 import logging
 from dataclasses import dataclass, field
 
-from .. import deltas, store
+from .. import store
+from ..broker import deltas
 from ..models import Event, PendingAction, Run
 from ..registry import ASK_USER_PATH
 from ..states import ActionStatus, OutcomeStatus, TaskKind

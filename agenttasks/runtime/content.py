@@ -8,8 +8,8 @@ note with its name, type and size. A message without files keeps its plain strin
 
 import base64
 
-from ..files import open_bytes
 from ..models import File
+from ..store.files import open_bytes
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 FILE_TEXT_CHARS = 20_000

@@ -13,19 +13,21 @@ import time
 
 from django.db import InterfaceError, OperationalError, connection
 
-from .. import deadlines, lifecycle, metrics, queue, registry, store
+from .. import lifecycle, registry, store
+from ..broker import queue
+from ..broker.listen import hub, stop_key, task_key
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
-from ..listen import hub, stop_key, task_key
 from ..models import Run
+from ..operations import metrics
 from ..states import OutcomeStatus, StopRequest
 from ..types import RunOutcome
 from . import callable as callable_runtime
-from . import chat
+from . import chat, deadlines
 from .base import RunContext, RunStopped, StopFlag
 
 # The run's log lines (worker.*) kept the logger they had before the driver left worker.py.
-logger = logging.getLogger("agenttasks.worker")
+logger = logging.getLogger("agenttasks.execution.worker")
 
 RECONNECT_WINDOW = 60.0
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from .. import __version__, metrics
+from .. import __version__
 from ..conf import app_settings
+from ..operations import metrics
 from .base import RunContext, RunStopped
 from .budget import Budget, BudgetExceeded
 from .streaming import Accumulator, StreamError

@@ -8,7 +8,7 @@ owner and they go with the conversation (a delete, or `agenttasks_prune`). The r
 
 from django.db import transaction
 
-from .. import files
+from ..store import files
 
 MAX_NAME = 255
 

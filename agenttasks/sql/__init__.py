@@ -8,7 +8,7 @@ What SQL and Python share is written into a file when a migration installs it (`
 has one source: `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs of
 states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames), `:id_length` and
 `:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue table),
-`:runs_channel` (the channel worker processes listen on) and the channels of agenttasks.listen
+`:runs_channel` (the channel worker processes listen on) and the channels of agenttasks.broker.listen
 (`:events_channel`, `:stop_channel`, `:task_ended_channel`). Migrations load it once the app
 registry is ready (it reads django-q2's model).
 """
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
 
+from ..broker.listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
+from ..broker.queue import ORMQ_TABLE, RUNS_CHANNEL
 from ..ids import ALPHABET, ID_LENGTH
-from ..listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
-from ..queue import ORMQ_TABLE, RUNS_CHANNEL
 from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
 
 HISTORY = files("agenttasks.migrations").joinpath("sql")

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connection, connections
 from django.utils import timezone
 
-from ..listen import raw_connection
+from ..broker.listen import raw_connection
 from ..models import Run, WorkerProcess
 
 RUNS = Run._meta.db_table

@@ -18,8 +18,8 @@ from typing import Any, ParamSpec, TypeVar
 from django.db import OperationalError, transaction
 from django.db.models import QuerySet
 
+from ..broker.listen import conversation_key, hub
 from ..exceptions import ConversationNotFound, RunNotFound, TaskNotFound
-from ..listen import conversation_key, hub
 from ..models import Conversation, Event, PendingAction, Run, Task
 from ..states import TaskStatus
 

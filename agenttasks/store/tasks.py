@@ -14,7 +14,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import ids, queue
+from .. import ids
+from ..broker import queue
 from ..conf import app_settings
 from ..exceptions import (
     ActiveTaskLimit,

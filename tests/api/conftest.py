@@ -2,7 +2,7 @@
 
 Two ways to run agents:
 - `workers`: an in-process pool that executes every run the recording queue receives with
-  `agenttasks.worker.execute_run(run_id)`, one thread per run (the test's own process, the test
+  `agenttasks.execution.worker.execute_run(run_id)`, one thread per run (the test's own process, the test
   database, after commit) — deterministic and fast;
 - `start_cluster` (tests/conftest.py): a real django-q2 cluster in a subprocess.
 """
@@ -22,7 +22,7 @@ from django.test import Client
 from django.test.utils import override_settings
 from rest_framework.authtoken.models import Token
 
-from agenttasks import worker
+from agenttasks.execution import worker
 from agenttasks.models import Task
 
 from ..conftest import served_asgi, wait_for

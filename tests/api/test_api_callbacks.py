@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from agenttasks import callbacks
+from agenttasks.delivery import callbacks
 from agenttasks.models import Task
 
 from .conftest import ALLOW_LOOPBACK, agenttasks, error, gate_task, wait_for

@@ -16,8 +16,8 @@ import pytest
 from django.test import RequestFactory
 from django.utils import timezone
 
-from agenttasks.api import errors, slots
 from agenttasks.models import Slot
+from agenttasks.toolkit import caps, errors
 
 from .conftest import PREFIX, _free_port, agenttasks, error, wait_for
 
@@ -168,15 +168,15 @@ def test_waits_are_capped_per_user_across_processes(
 def test_places_are_leases(alice):
     request = RequestFactory().get("/")
     request.user = alice
-    first = slots.take(request, slots.STREAM, 2, 30)
-    second = slots.take(request, slots.STREAM, 2, 30)
+    first = caps.take(request, caps.STREAM, 2, 30)
+    second = caps.take(request, caps.STREAM, 2, 30)
     with pytest.raises(errors.ApiError) as raised:
-        slots.take(request, slots.STREAM, 2, 30)
+        caps.take(request, caps.STREAM, 2, 30)
     assert raised.value.status == 429 and raised.value.details["retryAfter"] == 30
-    assert slots.take(request, slots.WAIT, 2, 30).key == f"wait:user:{alice.pk}:0"  # other kind
+    assert caps.take(request, caps.WAIT, 2, 30).key == f"wait:user:{alice.pk}:0"  # other kind
     # An expired lease is taken over, and its old holder can neither renew nor release it.
     Slot.objects.filter(pk=first.key).update(expires_at=timezone.now() - timedelta(seconds=1))
-    third = slots.take(request, slots.STREAM, 2, 30)
+    third = caps.take(request, caps.STREAM, 2, 30)
     assert third.key == first.key and third.holder != first.holder
     assert not first.renew()
     first.release()
@@ -186,9 +186,9 @@ def test_places_are_leases(alice):
     second.release()  # idempotent
     assert Slot.objects.filter(key__startswith="stream:").count() == 1
     # No cap: no rows at all; the anonymous principal counts per client address.
-    assert slots.take(request, slots.STREAM, 0, 30).key is None
+    assert caps.take(request, caps.STREAM, 0, 30).key is None
     anonymous = RequestFactory().get("/", REMOTE_ADDR="203.0.113.5")
-    assert slots.take(anonymous, slots.STREAM, 1, 30).key == "stream:addr:203.0.113.5:0"
+    assert caps.take(anonymous, caps.STREAM, 1, 30).key == "stream:addr:203.0.113.5:0"
 
 
 def test_the_cap_answers_the_envelope_over_the_api(as_alice):

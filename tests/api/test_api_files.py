@@ -7,8 +7,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from agenttasks import files
 from agenttasks.models import Conversation, File, Task
+from agenttasks.store import files
 
 from .conftest import b64, error
 

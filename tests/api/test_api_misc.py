@@ -11,7 +11,8 @@ import threading
 import pytest
 from django.core.management import call_command
 
-from agenttasks import queue, registry
+from agenttasks import registry
+from agenttasks.broker import queue
 from agenttasks.tools import tool
 
 from .conftest import ALLOW_LOOPBACK, agenttasks, error, wait_for

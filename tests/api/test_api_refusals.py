@@ -1,7 +1,7 @@
 """A refusal carries its code and its data; each surface words it in one place of its own.
 
 Python reads `str(exc)` (the stored statuses), the model tools `task_tools.model_text` (the
-model's words), REST, A2A, MCP and the admin `api.errors.refusal` (docs/rest.md#errors).
+model's words), REST, A2A, MCP and the admin `toolkit.errors.refusal` (docs/rest.md#errors).
 """
 
 import inspect
@@ -9,8 +9,8 @@ import inspect
 import pytest
 
 from agenttasks import exceptions
-from agenttasks.api import errors
 from agenttasks.runtime.task_tools import model_text
+from agenttasks.toolkit import errors
 
 SAMPLES = {
     exceptions.TaskNotFound: lambda: exceptions.TaskNotFound("task_1"),

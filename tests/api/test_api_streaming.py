@@ -11,8 +11,10 @@ import time
 import httpx
 import pytest
 
-from agenttasks import deltas, lifecycle, worker
-from agenttasks.listen import hub
+from agenttasks import lifecycle
+from agenttasks.broker import deltas
+from agenttasks.broker.listen import hub
+from agenttasks.execution import worker
 from agenttasks.models import Event, Run
 
 from ..conftest import wait_for

@@ -8,7 +8,8 @@ compare-and-sets bound to the run.
 import pytest
 from rest_framework.authtoken.models import Token
 
-from agenttasks import queue, store
+from agenttasks import store
+from agenttasks.broker import queue
 from agenttasks.exceptions import ActiveTaskLimit
 from agenttasks.models import Event, Task, Wakeup
 from agenttasks.types import Ending, NewTask, RunOutcome

@@ -4,7 +4,7 @@ Each shape is written once: its declared DRF fields are both its OpenAPI schema 
 (`requests`) or builds (`shapes`) it. `checks` holds the value checks the bodies share with A2A.
 """
 
-from .checks import metadata, text
+from ...toolkit.checks import metadata, text
 from .envelopes import (
     ActionListSerializer,
     ActionResolvedSerializer,

@@ -11,10 +11,9 @@ from typing import Any
 
 from rest_framework import serializers
 
-from ... import callbacks
-from ...answers import AnswerError, checked
-from .. import errors
-from .checks import blank, metadata, reserved_free, storable, text, uploads
+from ...delivery import callbacks
+from ...toolkit import errors
+from ...toolkit.checks import answer, blank, metadata, reserved_free, storable, text, uploads
 
 # --- fields ----------------------------------------------------------------------------------
 
@@ -233,7 +232,7 @@ class MessageCreateSerializer(Body):
 class ActionAnswerSerializer(Body):
     """An approval (`approved`, `comment`) or the answers to a question (`answers`)."""
 
-    # Which keys apply depends on the action, so the answer rules (agenttasks.answers, shared with
+    # Which keys apply depends on the action, so the answer rules (agenttasks.lifecycle.answers, shared with
     # the admin and A2A) check the body; these fields only document it.
 
     approved = serializers.BooleanField(required=False, help_text="Approvals: required.")
@@ -243,7 +242,4 @@ class ActionAnswerSerializer(Body):
     )
 
     def check(self, data):
-        try:
-            return checked(self.context["action"], data)
-        except AnswerError as exc:
-            raise errors.validation(exc.message, *([exc.field] if exc.field else [])) from None
+        return answer(self.context["action"], data)

@@ -13,7 +13,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from ... import files, lifecycle
+from ... import lifecycle
 from ...conf import app_settings
 from ...lifecycle import escalation
 from ...models import Comment, Conversation, Event, PendingAction, Run, Task, TaskResult
@@ -27,6 +27,7 @@ from ...states import (
     TaskStatus,
     trigger_name,
 )
+from ...store import files
 from ...text import iso
 
 MESSAGE_TYPES = {

@@ -8,9 +8,10 @@ query validation, the endpoint's own checks, then state conflicts. A rejected re
 nothing.
 """
 
+from ...toolkit.policies import AppPolicies, FirstRenderer
 from .actions import ActionsView, ActionView
 from .agents import AgentListView, AgentView
-from .base import ApiView, AppPolicies, FirstRenderer, extend_schema
+from .base import ApiView, extend_schema
 from .conversations import ConversationListView, ConversationView, MessagesView
 from .events import EventStreamView, EventsView
 from .files import FileContentView, FileView

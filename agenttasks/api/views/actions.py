@@ -7,7 +7,7 @@ from ...exceptions import ActionNotFound, RunNotFound, TaskNotFound
 from ...lifecycle import escalation
 from ...models import PendingAction
 from ...states import ActionStatus
-from .. import errors
+from ...toolkit import errors
 from .. import serializers as s
 from ..idempotency import idempotent
 from .base import ApiView, extend_schema, keyed, plain_id, query_param, refusals

@@ -1,4 +1,4 @@
-"""What every REST view shares: the app's own policies, lookups (404 first, then 403), and the
+"""What every REST view shares: the app's own policies (toolkit.policies), lookups (404 first, then 403), and the
 OpenAPI helpers of the views' schemas."""
 
 from django.db.models import Prefetch
@@ -6,28 +6,15 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
-from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.renderers import JSONRenderer
-from rest_framework.views import APIView
 
 from ... import registry
 from ...models import Conversation, File, Task
-from .. import body, errors
+from ...toolkit import body, errors
+from ...toolkit.identity import check_owner, user_of
+from ...toolkit.policies import AppPolicies
 from .. import serializers as s
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER
 from ..idempotency import REPLAYED
-from ..permissions import IdentityRequired, authenticators, check_owner, user_of
-from ..throttling import throttles_for
-
-
-class FirstRenderer(BaseContentNegotiation):
-    """No content negotiation: the app always answers JSON, so never a 406."""
-
-    def select_parser(self, request, parsers):
-        return parsers[0] if parsers else None
-
-    def select_renderer(self, request, renderers, format_suffix=None):
-        return renderers[0], renderers[0].media_type
 
 
 def extend_schema(**kwargs):
@@ -94,29 +81,6 @@ PAGE_PARAMETERS = [
     query_param("offset", "Items to skip (not with cursor).", OpenApiTypes.INT),
     query_param("cursor", "The nextCursor of the previous page (not with offset)."),
 ]
-
-
-class AppPolicies(APIView):
-    """The app's own policies, whatever the host's REST_FRAMEWORK defaults say (REST and A2A).
-
-    The site's authenticators (AGENTTASKS["AUTHENTICATION_CLASSES"] or DRF's default), the
-    identity rule, the app's throttles, bodies read by api.body, and JSON without negotiation.
-    """
-
-    anonymous_list = False
-    parser_classes = [body.Unread]  # bodies are read by api.body, before any view logic
-    renderer_classes = [JSONRenderer]
-    content_negotiation_class = FirstRenderer
-    metadata_class = None
-
-    def get_authenticators(self):
-        return authenticators()
-
-    def get_permissions(self):
-        return [IdentityRequired()]
-
-    def get_throttles(self):
-        return throttles_for(self.request)
 
 
 class ApiView(AppPolicies):

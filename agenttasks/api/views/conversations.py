@@ -8,13 +8,13 @@ from rest_framework.response import Response
 from ... import lifecycle
 from ...models import Conversation, Event, Run
 from ...states import RUN_ACTIVE
-from .. import errors
+from ...toolkit import errors
+from ...toolkit.cursors import Keyset, keyset_page
+from ...toolkit.cursors import page_body as cursor_page_body
+from ...toolkit.cursors import params as cursor_params
+from ...toolkit.identity import owner_id
 from .. import serializers as s
-from ..cursors import Keyset, keyset_page
-from ..cursors import page_body as cursor_page_body
-from ..cursors import params as cursor_params
 from ..idempotency import idempotent
-from ..permissions import owner_id
 from .base import (
     LOCATION,
     PAGE_PARAMETERS,

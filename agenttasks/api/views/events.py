@@ -6,9 +6,10 @@ from rest_framework.response import Response
 
 from ...conf import app_settings
 from ...models import Event, Task
-from .. import errors, slots, streams
+from ...toolkit import caps, errors, streams
+from ...toolkit.pagination import SQL_MAX, non_negative, page_params
 from .. import serializers as s
-from ..pagination import SQL_MAX, non_negative, page_params
+from ..streams import EventStream
 from .base import ApiView, extend_schema, query_param, refusals
 
 
@@ -92,18 +93,18 @@ class EventStreamView(ApiView):
             resume = min(int(header), SQL_MAX) if len(header) <= 18 else SQL_MAX
         if own_task is None:
             own_task = Task.objects.filter(conversation_id=conversation.id).only("id").first()
-        held = slots.take(
+        held = caps.take(
             request,
-            slots.STREAM,
+            caps.STREAM,
             app_settings.MAX_STREAMS_PER_USER,
             app_settings.SLOT_LEASE_SECONDS,
         )
-        stream = streams.EventStream(
+        stream = EventStream(
             conversation.id,
             own_task.id if own_task else None,
             resume,
             until is not None,
             held=held,
-            client_fd=slots.client_socket(request._request),  # None under ASGI
+            client_fd=caps.client_socket(request._request),  # None under ASGI
         )
         return streams.serve(stream, request._request)

@@ -7,11 +7,11 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework.response import Response
 
-from ... import files
 from ...models import File
-from .. import errors
+from ...store import files
+from ...toolkit import errors
+from ...toolkit.identity import check_owner
 from .. import serializers as s
-from ..permissions import check_owner
 from .base import ApiView, extend_schema, plain_id, refusals
 
 

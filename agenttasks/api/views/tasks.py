@@ -8,17 +8,18 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from rest_framework.response import Response
 
-from ... import callbacks, lifecycle
+from ... import lifecycle
 from ...conf import app_settings
+from ...delivery import callbacks
 from ...models import Comment, Conversation, Run, Task, TaskResult
 from ...states import TERMINAL, TaskStatus
-from .. import errors, slots
+from ...toolkit import caps, errors
+from ...toolkit.cursors import Keyset, keyset_page
+from ...toolkit.cursors import page_body as cursor_page_body
+from ...toolkit.cursors import params as cursor_params
+from ...toolkit.identity import owner_id
 from .. import serializers as s
-from ..cursors import Keyset, keyset_page
-from ..cursors import page_body as cursor_page_body
-from ..cursors import params as cursor_params
 from ..idempotency import idempotent
-from ..permissions import owner_id
 from .base import (
     LOCATION,
     PAGE_PARAMETERS,
@@ -180,19 +181,19 @@ class TaskWaitView(ApiView):
         if include is not None and include != "result":
             raise errors.validation("include must be result", "include")
         # The wait's place lapses on its own shortly after the wait would have returned.
-        held = slots.take(
+        held = caps.take(
             request,
-            slots.WAIT,
+            caps.WAIT,
             app_settings.MAX_WAITS_PER_USER,
             timeout + app_settings.SLOT_LEASE_SECONDS,
         )
-        client = slots.client_socket(request._request)
+        client = caps.client_socket(request._request)
         try:
             task = lifecycle.wait_for(
                 task.id,
                 wait=timeout,
                 settled=TERMINAL | {TaskStatus.WAITING_FOR_INPUT},
-                stop_check=lambda: slots.gone(client),
+                stop_check=lambda: caps.gone(client),
             )
         finally:
             held.release()

@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from agenttasks import retention
+from agenttasks.operations import retention
 
 
 class Command(BaseCommand):

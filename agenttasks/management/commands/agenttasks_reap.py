@@ -4,7 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from agenttasks import reaper
+from agenttasks.execution import reaper
 
 
 class Command(BaseCommand):

@@ -25,14 +25,15 @@ from multiprocessing import util as multiprocessing_util
 from django.db import connection
 from django.utils import timezone
 
-from . import deltas, queue, store
-from .conf import app_settings
-from .exceptions import RunNotFound
-from .listen import hub
-from .models import Run, WorkerProcess
-from .runtime.base import release_connection
-from .runtime.driver import HOST, beater, drive, reconnecting, worker_identity
-from .types import Claimed
+from .. import store
+from ..broker import deltas, queue
+from ..broker.listen import hub
+from ..conf import app_settings
+from ..exceptions import RunNotFound
+from ..models import Run, WorkerProcess
+from ..runtime.base import release_connection
+from ..runtime.driver import HOST, beater, drive, reconnecting, worker_identity
+from ..types import Claimed
 
 logger = logging.getLogger(__name__)
 

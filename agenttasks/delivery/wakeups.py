@@ -14,10 +14,11 @@ import logging
 
 from django.db import transaction
 
-from . import ids, queue, store
-from .models import Conversation, PendingAction, Run, Task, Wakeup
-from .states import TERMINAL, RunTrigger, TaskStatus, WakeupState, model_status
-from .text import go_quote, one_line
+from .. import ids, store
+from ..broker import queue
+from ..models import Conversation, PendingAction, Run, Task, Wakeup
+from ..states import TERMINAL, RunTrigger, TaskStatus, WakeupState, model_status
+from ..text import go_quote, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def may_wake(conversation: Conversation) -> bool:
 def schedule_delivery(conversation_id: str | None) -> None:
     """Attempt delivery to a conversation after the current transaction commits."""
     if conversation_id:
-        queue.enqueue_job("agenttasks.wakeups.deliver_pending", conversation_id)
+        queue.enqueue_job("agenttasks.delivery.wakeups.deliver_pending", conversation_id)
 
 
 def deliver_pending(conversation_id: str) -> Run | None:

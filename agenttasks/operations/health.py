@@ -16,9 +16,9 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .conf import app_settings
-from .models import ReaperPass, Run, WorkerProcess
-from .states import RunStatus
+from ..conf import app_settings
+from ..models import ReaperPass, Run, WorkerProcess
+from ..states import RunStatus
 
 REAPER = "reaper"
 

@@ -13,13 +13,13 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from . import queue
-from .conf import app_settings
-from .models import Delivery
+from ..broker import queue
+from ..conf import app_settings
+from ..models import Delivery
 
 logger = logging.getLogger(__name__)
 
-CALLBACK_JOB = "agenttasks.callbacks.send"
+CALLBACK_JOB = "agenttasks.delivery.callbacks.send"
 PUSH_JOB = "agenttasks.a2a.push.deliver"
 BATCH = 1000  # deliveries sent again per reaper pass
 MAX_BACKOFF = 64  # times REQUEUE_AFTER

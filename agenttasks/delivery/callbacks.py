@@ -7,7 +7,7 @@ to the address that was checked, so a DNS answer that changes in between cannot 
 address. No redirects, no retries; the outcome is an event in the task's conversation.
 
 Each POST is signed when CALLBACK_SIGNING_SECRET is set; receivers check the signature and its
-age with `verify` (from `agenttasks.signatures`, which imports nothing from Django, for receivers
+age with `verify` (from `agenttasks.delivery.signatures`, which imports nothing from Django, for receivers
 that are not Django sites).
 """
 
@@ -24,15 +24,18 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from django.utils import timezone
 
-from . import __version__, deliveries, metrics, queue, store
-from .conf import app_settings
-from .exceptions import ConversationNotFound
-from .models import Task
+from .. import __version__, store
+from ..broker import queue
+from ..conf import app_settings
+from ..exceptions import ConversationNotFound
+from ..models import Task
+from ..operations import metrics
+from ..states import NOTIFIED, TaskStatus
+from ..text import iso
+from . import outbox as deliveries
 from .signatures import SIGNATURE_HEADER, signature
 from .signatures import InvalidSignature as InvalidSignature  # the receiver's side, re-exported
 from .signatures import verify as verify
-from .states import NOTIFIED, TaskStatus
-from .text import iso
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ django-q2's own `timeout` is the last resort: when it strikes first, the run fai
 
 from django.conf import settings
 
-from . import registry
-from .conf import app_settings
+from .. import registry
+from ..conf import app_settings
 
 KILLED_TEXT = (
     "Stopped by django-q2 after its timeout of {seconds} s (Q_CLUSTER['timeout']), "

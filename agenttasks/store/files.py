@@ -25,9 +25,9 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.text import get_valid_filename
 
-from . import ids
-from .conf import app_settings
-from .models import File
+from .. import ids
+from ..conf import app_settings
+from ..models import File
 
 logger = logging.getLogger(__name__)
 

@@ -1,16 +1,16 @@
 """Checks of request values, each raising the refusal docs/rest.md gives (`errors.ApiError`).
 
-The request bodies (`requests.py`) apply them field by field; the A2A server applies the same
-checks to what its messages carry.
+REST's request bodies (`api/serializers/requests.py`) apply them field by field; A2A and MCP apply
+the same checks to what their messages and tool arguments carry.
 """
 
 import json
 
-from ... import files
-from ...answers import unstorable
-from ...conf import app_settings
-from ...models import RESERVED_METADATA
-from .. import errors
+from ..conf import app_settings
+from ..lifecycle.answers import AnswerError, checked, unstorable
+from ..models import RESERVED_METADATA
+from ..store import files
+from . import errors
 
 
 def storable(value, path: str) -> None:
@@ -88,3 +88,11 @@ def uploads(value) -> list[files.Upload]:
             raise errors.validation(f"{at}.content is not valid base64", f"{at}.content")
         out.append(files.Upload(index=i, name=name, mime_type=mime_type, content=data))
     return out
+
+
+def answer(action, body) -> dict:
+    """Check an answer to an approval or a question by the lifecycle's rules, refusing as REST does."""
+    try:
+        return checked(action, body if isinstance(body, dict) else {})
+    except AnswerError as exc:
+        raise errors.validation(exc.message, *([exc.field] if exc.field else [])) from None

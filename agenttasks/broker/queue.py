@@ -39,12 +39,12 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 from django_q.worker import rss_check
 
-from .conf import app_settings
-from .models import WorkerProcess
+from ..conf import app_settings
+from ..models import WorkerProcess
 
 logger = logging.getLogger(__name__)
 
-EXECUTE_RUN = "agenttasks.worker.execute_run"
+EXECUTE_RUN = "agenttasks.execution.worker.execute_run"
 # The ORM broker's table, which the create's SQL function writes a run's job into.
 ORMQ_TABLE = OrmQ._meta.db_table
 

@@ -34,7 +34,7 @@ from django.utils import timezone
 from ..conf import app_settings
 from ..models import Slot
 from . import errors
-from .permissions import user_of
+from .identity import user_of
 from .throttling import client_address
 
 logger = logging.getLogger("agenttasks.api")

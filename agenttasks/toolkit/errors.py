@@ -31,7 +31,7 @@ from ..exceptions import (
     TaskLimit,
     TaskNotFound,
 )
-from ..files import FileRefused
+from ..store.files import FileRefused
 
 logger = logging.getLogger("agenttasks.api")
 

@@ -23,9 +23,9 @@ from datetime import datetime, timedelta
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from . import files, queue
-from .conf import app_settings
-from .models import (
+from ..broker import queue
+from ..conf import app_settings
+from ..models import (
     Comment,
     Conversation,
     Event,
@@ -37,7 +37,8 @@ from .models import (
     TaskResult,
     Wakeup,
 )
-from .states import LIVE, RUN_ACTIVE, TERMINAL, WakeupState
+from ..states import LIVE, RUN_ACTIVE, TERMINAL, WakeupState
+from ..store import files
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,11 @@ import threading
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import deliveries, health, lifecycle, metrics, queue, retention, store
-from .conf import app_settings
+from .. import lifecycle, store
+from ..broker import queue
+from ..conf import app_settings
+from ..delivery import outbox as deliveries
+from ..operations import health, metrics, retention
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +74,9 @@ def start_ticker(**kwargs) -> None:
     with _ticker_lock:
         if _ticker is not None and _ticker.is_alive():
             return
-        queue.install_schedule(SCHEDULE_NAME, "agenttasks.reaper.reap")
-        queue.install_schedule(retention.SCHEDULE_NAME, "agenttasks.retention.run", daily=True)
+        queue.install_schedule(SCHEDULE_NAME, "agenttasks.execution.reaper.reap")
+        queue.install_schedule(
+            retention.SCHEDULE_NAME, "agenttasks.operations.retention.run", daily=True
+        )
         _ticker = threading.Thread(target=_tick, name="agenttasks-reaper", daemon=True)
         _ticker.start()

@@ -7,7 +7,7 @@ text, cut at SUMMARY_LIMIT characters (docs/lifecycle.md#progress).
 
 import json
 
-from .conf import app_settings
+from ..conf import app_settings
 
 
 def _text(value) -> str:

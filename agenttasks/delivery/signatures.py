@@ -3,7 +3,7 @@
 `X-Agenttasks-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>." + body>` (docs/rest.md#callbacks).
 This module imports nothing from Django, so a receiver that is not a Django site can use it:
 
-    from agenttasks.signatures import InvalidSignature, verify
+    from agenttasks.delivery.signatures import InvalidSignature, verify
 """
 
 import hashlib

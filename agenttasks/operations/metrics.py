@@ -22,9 +22,9 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
-from .conf import app_settings
-from .models import Counter, Run, Task, TaskCount, WorkerProcess
-from .states import RunStatus, TaskStatus
+from ..conf import app_settings
+from ..models import Counter, Run, Task, TaskCount, WorkerProcess
+from ..states import RunStatus, TaskStatus
 
 logger = logging.getLogger(__name__)
 
