@@ -15,10 +15,10 @@ from agenttasks.broker import deltas
 from agenttasks.broker.listen import hub
 from agenttasks.models import Conversation, Task
 
-from . import test_admin_browser as chrome
+from .admin import test_browser as chrome
+from .admin.test_browser import ARTIFACTS, CHROMIUM
 from .conftest import wait_for
 from .fake_model import FakeModel, Reply, stream_answer
-from .test_admin_browser import ARTIFACTS, CHROMIUM
 
 browser = chrome.browser  # the fixture: Debian's Chromium through Playwright
 

@@ -28,9 +28,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from .. import __version__, registry
-from ..a2a import available as a2a_available
 from ..conf import app_settings
-from ..mcp import available as mcp_available
 from ..toolkit import errors
 from ..toolkit.identity import user_of
 from .serializers import AgentSerializer
@@ -116,6 +114,15 @@ def mounted_patterns() -> list:
     """
     mounted = get_resolver().namespace_dict.get("agenttasks")
     return getattr(mounted[1].urlconf_module, "schema_patterns", []) if mounted else []
+
+
+def mounted(name: str, **kwargs) -> bool:
+    """Say whether the site serves the route `name` (another surface's, when its extra is in)."""
+    try:
+        reverse(name, kwargs=kwargs)
+    except NoReverseMatch:
+        return False
+    return True
 
 
 class Generator(SchemaGenerator):
@@ -267,14 +274,14 @@ class IndexView(ApiView):
         out["health"] = prefix + "/health"
         if app_settings.METRICS_ENABLED:
             out["metrics"] = prefix + "/metrics"
-        if a2a_available():
+        if mounted("agenttasks:a2a-jsonrpc", agentId="_"):
             agent = prefix + "/a2a/{agentId}"
             out["a2a"] = {
                 "agentCard": agent + "/.well-known/agent-card.json",
                 "jsonRpc": agent,
                 "httpJson": agent + "/rest",
             }
-        if mcp_available():
+        if mounted("agenttasks:mcp"):
             out["mcp"] = prefix + "/mcp"
         out["endpoints"] = [
             {"method": method.upper(), "path": prefix + path, "summary": operation["summary"]}

@@ -1,6 +1,6 @@
 """The data model: conversations and their event log, tasks, runs, actions, wake-ups, files."""
 
-from ..a2a.models import A2AContext, A2APushConfig
+from .a2a import A2AContext, A2APushConfig
 from .action import PendingAction
 from .conversation import RESERVED_METADATA, Conversation, Event
 from .delivery import Delivery
