@@ -18,6 +18,7 @@ class AgentTasksConfig(AppConfig):
         # Imported here, not at the top: they import models, which exist only once apps load.
         from . import checks  # noqa: F401  (registers the system checks)
         from .broker import queue
+        from .compat import django_q
         from .execution import forking, reaper, worker
 
         # django-q2 forks its workers from a process that may hold pooled connections.
@@ -34,8 +35,8 @@ class AgentTasksConfig(AppConfig):
         queue.on_worker_start(reaper.start_ticker)
         # A SIGTERM to qcluster's process group could hang django-q2's stop: bound it. A worker
         # killed holding its timer's lock could stop the guard for good: it waits no longer.
-        queue.bound_cluster_stop(worker.shutdown_grace)
-        queue.guard_worker_timers()
+        django_q.bound_cluster_stop(worker.shutdown_grace)
+        django_q.guard_worker_timers()
 
         # A2A push notifications follow every task update (docs/a2a.md), with the `a2a` extra.
         from .a2a import available

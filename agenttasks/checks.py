@@ -8,6 +8,7 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from . import registry
+from .compat import django_q
 from .conf import DEFAULTS, app_settings
 from .execution import forking
 from .execution.worker import slots_per_process
@@ -198,4 +199,21 @@ def check_fork_safety(app_configs=None, **kwargs):
             id="agenttasks.E005",
         )
         for alias in unresettable_pools(connections.all())
+    ]
+
+
+@register(Tags.compatibility)
+def check_django_q_internals(app_configs=None, **kwargs):
+    """Check that django-q2 still has the internals agenttasks' guards patch (compat/django_q.py)."""
+    gone = django_q.missing()
+    if not gone:
+        return []
+    return [
+        Error(
+            "agenttasks cannot guard this django-q2 release's workers: " + ", ".join(gone) + ".",
+            hint="Install a django-q2 release agenttasks was verified with: "
+            + ", ".join(django_q.VERIFIED)
+            + ".",
+            id="agenttasks.E006",
+        )
     ]

@@ -9,28 +9,21 @@ there and claims runs while it has free slots (`worker.RunPool`), so django-q2's
 ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand.
 """
 
-import fcntl
 import functools
 import hashlib
 import logging
-import multiprocessing
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
-from django_q import cluster as django_q_cluster
 from django_q.brokers import Broker, get_broker
 from django_q.brokers.orm import ORM
-from django_q.cluster import Cluster
 from django_q.conf import Conf
 from django_q.exceptions import TimeoutException
 from django_q.models import Failure, OrmQ, Schedule
@@ -364,156 +357,9 @@ def on_job_end(receiver) -> None:
     post_execute_in_worker.connect(ended, dispatch_uid="agenttasks.job_end", weak=False)
 
 
-ORPHAN_CHECK = 1.0  # seconds between a waiting worker's looks at whether its sentinel lives
-
-
-def guard_task_queue() -> None:
-    """Make this worker read its jobs under a lock that a killed worker cannot keep.
-
-    django-q2's workers read their jobs from one multiprocessing queue, whose `get()` holds a
-    semaphore shared by every worker while it waits for data. A worker killed while it waits
-    (SIGKILL, the OOM killer) takes the semaphore with it, and no worker of the cluster gets a
-    job again; a worker that holds runs in its slots waits for jobs nearly all the time. So here
-    a worker waits for data holding nothing, and reads a job that has arrived under a POSIX
-    record lock on a file its sibling workers share, which the kernel releases when its holder
-    dies. A worker whose sentinel died stops (ORPHAN_CHECK) instead of waiting for good.
-    """
-    process = multiprocessing.current_process()
-    task_queue: Any = (getattr(process, "_args", None) or (None,))[0]
-    if not all(hasattr(task_queue, name) for name in ("_reader", "_recv_bytes", "_sem")):
-        logger.warning("queue.unguarded: django-q2's task queue is not the one expected")
-        return
-    sentinel = os.getppid()
-    # One file per sentinel: its workers, the first ones and those it starts later, share it.
-    path = os.path.join(tempfile.gettempdir(), f"agenttasks-queue-{sentinel}.lock")
-    lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    loads = multiprocessing.reduction.ForkingPickler.loads
-
-    def get(block=True, timeout=None):
-        while True:
-            # Until a job arrives, holding nothing. A worker whose sentinel is gone gets no job
-            # again and no stop either (a sentinel that dies mid-stop may just have started it):
-            # it stops as django-q2 would stop it, finishing the runs it holds.
-            while not task_queue._reader.poll(ORPHAN_CHECK):
-                if os.getppid() != sentinel:
-                    logger.warning("queue.sentinel_gone pid=%d: the worker stops", os.getpid())
-                    return "STOP"
-            fcntl.lockf(lock, fcntl.LOCK_EX)
-            try:
-                if not task_queue._reader.poll(0):
-                    continue  # another worker took it
-                data = task_queue._recv_bytes()
-            finally:
-                fcntl.lockf(lock, fcntl.LOCK_UN)
-            task_queue._sem.release()
-            return loads(data)
-
-    task_queue.get = get
-
-
-LOCK_PATIENCE = 5.0  # seconds a worker's timer lock is waited for before going on without it
-
-
-class PatientLock:
-    """A lock shared across processes whose wait gives up after LOCK_PATIENCE seconds.
-
-    django-q2's guard reads each worker's timer under the timer's lock, and a worker holds that
-    lock while it hands a finished job's result over. A worker SIGKILLed then (the OOM killer,
-    an operator) keeps the lock forever, and the guard waited on it forever: no dead worker was
-    replaced again. With this lock the guard goes on after a while, finds the worker dead, and
-    replaces it. Nothing else takes a timer's lock for longer than an instant.
-    """
-
-    def __init__(self) -> None:
-        self._lock = multiprocessing.RLock()
-
-    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        if block and timeout is None:
-            timeout = LOCK_PATIENCE
-        if self._lock.acquire(block, timeout):
-            return True
-        if block:
-            logger.warning("queue.timer_lock_abandoned (its holder died holding it; going on)")
-        return False
-
-    def release(self) -> None:
-        try:
-            self._lock.release()
-        except (AssertionError, ValueError):
-            pass  # the wait gave up: this process never held it
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-
-def patient_value(typecode: str, *args):
-    """Return a multiprocessing Value whose lock is a PatientLock (django-q2's workers' timers)."""
-    return multiprocessing.Value(typecode, *args, lock=PatientLock())  # type: ignore[call-overload]
-
-
-def guard_worker_timers() -> None:
-    """Give the workers django-q2 starts from now on timers a dead worker cannot lock forever."""
-    django_q_cluster.Value = patient_value
-
-
 def recycles_after(jobs: int) -> bool:
     """Say whether django-q2 retires a worker process after it started `jobs` jobs.
 
     It does after `recycle` jobs, or once the process outgrew `max_rss`.
     """
     return bool(Conf.RECYCLE and jobs >= Conf.RECYCLE) or bool(rss_check())
-
-
-STOP_MARGIN = 15  # seconds a cluster's stop may take beyond SHUTDOWN_GRACE before it is ended
-STOP_ACK_WAIT = 2.0  # seconds a live sentinel needs to take the stop event
-
-
-def bound_cluster_stop(grace: Callable[[], float]) -> None:
-    """Make a SIGTERM (or Ctrl-C) to `qcluster` end its main process, and within a bound.
-
-    django-q2's sentinel takes SIGTERM with the default action. A SIGTERM sent to the whole
-    process group (systemd's default, a terminal's Ctrl-C) kills the sentinel while it waits on
-    the cluster's stop event, and django-q2's `Cluster.stop` then waits forever in
-    `stop_event.set()` for the dead waiter to acknowledge it (a multiprocessing Condition counts
-    it as a sleeper): the main process hung in futex_do_wait beside its zombie sentinel. So the
-    event is set from a thread that is given STOP_ACK_WAIT seconds, and then the sentinel is
-    reaped whether it took the event or died; a watchdog ends the process if the stop still
-    takes longer than `grace()` + STOP_MARGIN seconds. The workers stop on their own SIGTERM
-    (`worker.start_pool`), giving their runs SHUTDOWN_GRACE.
-    """
-    if getattr(Cluster.stop, "bounded", False):
-        return
-    original = Cluster.sig_handler
-
-    def stop(self) -> bool:
-        # django-q2's Cluster.stop, with the event set where a dead sentinel cannot hang it.
-        if not self.sentinel.is_alive():
-            return False
-        logger.info("queue.cluster_stopping name=%s", self.name)
-        setter = threading.Thread(target=self.stop_event.set, name="agenttasks-stop", daemon=True)
-        setter.start()
-        setter.join(STOP_ACK_WAIT)
-        self.sentinel.join()
-        self.start_event = self.stop_event = None
-        return True
-
-    def sig_handler(self, signum, frame):
-        deadline = grace() + STOP_MARGIN
-        threading.Thread(
-            target=_end_after, args=(deadline,), name="agenttasks-stop-watchdog", daemon=True
-        ).start()
-        original(self, signum, frame)
-
-    stop.bounded = True  # type: ignore[attr-defined]
-    Cluster.stop = stop
-    Cluster.sig_handler = sig_handler
-
-
-def _end_after(seconds: float) -> None:
-    threading.Event().wait(seconds)
-    logger.warning("queue.stop_overran seconds=%g (ending the cluster's main process)", seconds)
-    logging.shutdown()
-    os._exit(1)

@@ -28,6 +28,7 @@ from django.utils import timezone
 from .. import store
 from ..broker import deltas, queue
 from ..broker.listen import hub
+from ..compat import django_q
 from ..conf import app_settings
 from ..exceptions import RunNotFound
 from ..models import Run, WorkerProcess
@@ -265,7 +266,7 @@ def start_pool(**kwargs) -> None:
         # New runs come as notifications (no job each); on every (re)connection the process
         # claims what was queued while it was not listening.
         hub.listen_to(queue.RUNS_CHANNEL, pool.wake, on_listening=pool.wake)
-    queue.guard_task_queue()
+    django_q.guard_task_queue()
     queue.on_job_start(pool.count_job)
     queue.on_job_end(pool.job_ended)
     # Runs as the worker's loop ends, before the process joins its threads and exits.

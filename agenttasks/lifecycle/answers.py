@@ -5,7 +5,12 @@ and the admin. A refusal is an `AnswerError` (a ValueError) naming the field at 
 exact messages of docs/rest.md#approvals-and-questions.
 """
 
-from typing import Any
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..models import PendingAction
 
 APPROVAL_KEYS = frozenset({"approved", "comment"})
 QUESTION_KEYS = frozenset({"answers"})
@@ -20,7 +25,7 @@ class AnswerError(ValueError):
         self.message, self.field = message, field
 
 
-def unstorable(value, path: str) -> str | None:
+def unstorable(value: object, path: str) -> str | None:
     """Return the path of the first text a database cannot store (NUL, lone surrogate), or None."""
     if isinstance(value, str):
         if "\x00" in value:
@@ -43,13 +48,13 @@ def unstorable(value, path: str) -> str | None:
     return None
 
 
-def _storable(value, path: str) -> None:
+def _storable(value: object, path: str) -> None:
     bad = unstorable(value, path)
     if bad:
         raise AnswerError(f"{bad} must not contain NUL characters or unpaired surrogates", bad)
 
 
-def resolution(action, body: Any) -> dict:
+def resolution(action: PendingAction, body: Any) -> dict[str, Any]:
     """Check a REST answer body strictly (no other keys) and return the store's resolution."""
     if not isinstance(body, dict):
         raise AnswerError(f"An answer must be a dict: {SHAPES}")
@@ -64,14 +69,14 @@ def resolution(action, body: Any) -> dict:
     return checked(action, body)
 
 
-def checked(action, body: dict) -> dict:
+def checked(action: PendingAction, body: dict[str, Any]) -> dict[str, Any]:
     """Check an answer body (other keys ignored, as REST does) and normalize it."""
     if action.kind == "approval":
         return approval(body)
     return question_answers(action, body)
 
 
-def approval(data: dict) -> dict:
+def approval(data: dict[str, Any]) -> dict[str, Any]:
     approved = data.get("approved")
     if not isinstance(approved, bool):
         raise AnswerError("approved must be a boolean", "approved")
@@ -88,7 +93,7 @@ def approval(data: dict) -> dict:
     return out
 
 
-def _answer(value, at: str):
+def _answer(value: object, at: str) -> dict[str, Any] | None:
     """Normalize one answer to {"values": [...], "freeText"?}; None when malformed."""
     if isinstance(value, str):
         return {"values": [value] if value else []}
@@ -108,7 +113,7 @@ def _answer(value, at: str):
     return None
 
 
-def question_answers(action, data: dict) -> dict:
+def question_answers(action: PendingAction, data: dict[str, Any]) -> dict[str, Any]:
     answers = data.get("answers")
     if not isinstance(answers, dict):
         raise AnswerError("answers is required", "answers")

@@ -10,13 +10,13 @@ import json
 from ..conf import app_settings
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def default_line(state) -> str:
+def default_line(state: object) -> str:
     """Render a progress state without a hook."""
     if state is None:
         return ""

@@ -13,15 +13,17 @@ import hashlib
 import logging
 import os
 import re
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import IO, Any
 
 from django.core.exceptions import SuspiciousFileOperation
 from django.core.files.base import ContentFile
-from django.core.files.storage import storages
+from django.core.files.storage import Storage, storages
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 from django.utils.text import get_valid_filename
 
@@ -38,21 +40,21 @@ STORED_NAME_BYTES = 100  # bytes of the stored name's last part: file systems al
 MAX_EXTENSION_BYTES = 16
 
 
-def storage():
+def storage() -> Storage:
     """Return the storage files are kept in (AGENTTASKS["FILE_STORAGE"])."""
     return storages[app_settings.FILE_STORAGE]
 
 
-def remove_stored(names) -> None:
+def remove_stored(names: Iterable[str]) -> None:
     """Delete stored bytes once the current transaction commits."""
 
-    def remove():
+    def remove() -> None:
         remove_now(names)
 
     transaction.on_commit(remove)
 
 
-def remove_now(names) -> None:
+def remove_now(names: Iterable[str]) -> None:
     """Delete stored bytes now, logging (not raising) what cannot be deleted."""
     for name in names:
         try:
@@ -67,7 +69,9 @@ def remove_now(names) -> None:
 class FileRefused(Exception):
     """A file the agent's policy refuses; the API answers it with this status and code."""
 
-    def __init__(self, status: int, code: str, message: str, details: dict | None = None):
+    def __init__(
+        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details
 
@@ -82,19 +86,19 @@ class Upload:
     content: bytes
     id: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.id = self.id or ids.new_file_id()
 
     @property
     def size(self) -> int:
         return len(self.content)
 
-    def ref(self) -> dict:
+    def ref(self) -> dict[str, Any]:
         """Return the FileRef that messages and tasks embed."""
         return {"id": self.id, "name": self.name, "mimeType": self.mime_type, "size": self.size}
 
 
-def policy(agent) -> dict:
+def policy(agent: object) -> dict[str, Any]:
     """Return an agent's file policy: its `files` merged over AGENTTASKS["FILES"]."""
     return {**app_settings.FILES, **(getattr(agent, "files", None) or {})}
 
@@ -124,12 +128,12 @@ def decode(text: str) -> bytes | None:
         return None
 
 
-def type_allowed(mime_type: str, patterns) -> bool:
+def type_allowed(mime_type: str, patterns: Iterable[str]) -> bool:
     """Say whether a type matches `type/subtype`, `type/*` or `*/*` patterns."""
     return any(fnmatch.fnmatchcase(mime_type, str(p).lower()) for p in patterns or ())
 
 
-def check(agent_id: str, rules: dict, uploads: list[Upload], existing: int = 0) -> None:
+def check(agent_id: str, rules: dict[str, Any], uploads: list[Upload], existing: int = 0) -> None:
     """Apply the policy in the order of docs/rest.md#files; raise FileRefused at the first fault."""
     if not uploads:
         return
@@ -170,7 +174,7 @@ def check(agent_id: str, rules: dict, uploads: list[Upload], existing: int = 0) 
 
 
 @contextmanager
-def kept_only_on_success():
+def kept_only_on_success() -> Iterator[list[str]]:
     """Yield a list that `save` fills with stored names; remove them if the block fails."""
     written: list[str] = []
     try:
@@ -200,7 +204,15 @@ def _storage_name(conversation_id: str, upload: Upload) -> str:
     return f"agenttasks/{conversation_id}/{upload.id}/{fit_bytes(safe) or 'file'}"
 
 
-def save(uploads, *, conversation_id, owner, rules: dict, task_id=None, written=None) -> list:
+def save(
+    uploads: Iterable[Upload],
+    *,
+    conversation_id: str,
+    owner: Any,
+    rules: dict[str, Any],
+    task_id: str | None = None,
+    written: list[str] | None = None,
+) -> list[File]:
     """Store the bytes and create the File rows (call inside the request's transaction)."""
     days = rules.get("retentionDays")
     rows = []
@@ -233,7 +245,7 @@ def save(uploads, *, conversation_id, owner, rules: dict, task_id=None, written=
     return rows
 
 
-def open_bytes(file):
+def open_bytes(file: File) -> IO[bytes]:
     """Open a file's stored bytes for reading; raise FileNotFoundError if they are gone."""
     try:
         return storage().open(file.storage_name, "rb")
@@ -244,12 +256,12 @@ def open_bytes(file):
 # --- retention -------------------------------------------------------------------------------
 
 
-def expired(now=None):
+def expired(now: datetime | None = None) -> QuerySet[File]:
     """Return files whose retention has passed."""
     return File.objects.filter(expires_at__lt=now or timezone.now()).order_by("expires_at", "id")
 
 
-def prune(*, dry_run: bool = False, now=None) -> list[str]:
+def prune(*, dry_run: bool = False, now: datetime | None = None) -> list[str]:
     """Delete files past their retention (rows now, bytes after commit); return their ids."""
     rows = list(expired(now).values_list("id", "storage_name"))
     if dry_run or not rows:

@@ -1,6 +1,5 @@
 """Runs on a real django-q2 cluster: every way a run can end, ends correctly."""
 
-import os
 import time
 
 import pytest
@@ -258,31 +257,3 @@ def test_approval_timeout_cancel(start_cluster, user):
         .events.filter(type="task.status", data__reason="timed out waiting for input")
         .exists()
     )
-
-
-def test_a_timer_lock_whose_holder_was_killed_is_waited_for_a_while_not_forever(monkeypatch):
-    """django-q2's guard waited forever on the timer lock of a worker SIGKILLed holding it."""
-    import multiprocessing
-    import signal as signals
-    import time as clock
-
-    from agenttasks.broker import queue
-
-    monkeypatch.setattr(queue, "LOCK_PATIENCE", 1.0)
-    timer = queue.patient_value("f", -1)
-    holding = multiprocessing.get_context("fork").Event()
-
-    def hold_then_wait():
-        timer.get_lock().acquire()
-        holding.set()
-        clock.sleep(60)
-
-    child = multiprocessing.get_context("fork").Process(target=hold_then_wait)
-    child.start()
-    assert holding.wait(10)
-    os.kill(child.pid, signals.SIGKILL)
-    child.join(10)
-    begun = clock.monotonic()
-    with timer.get_lock():  # what the guard does
-        value = timer.value
-    assert value == -1 and clock.monotonic() - begun < 5
