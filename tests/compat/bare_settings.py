@@ -12,4 +12,12 @@ DATABASES = {
         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
     }
 }
-Q_CLUSTER = {"name": "bare", "orm": "default", "workers": 2, "timeout": 30, "retry": 60}
+
+Q_CLUSTER = {
+    "name": "bare",
+    "orm": "default",
+    "workers": 2,
+    "timeout": 30,
+    "retry": 60,
+    "guard_cycle": 60,
+}

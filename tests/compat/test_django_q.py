@@ -161,12 +161,16 @@ def _ready(process: subprocess.Popen, marker: str, timeout: float) -> list[str]:
     raise AssertionError("the cluster did not start:\n" + "".join(lines))
 
 
-def _waiting(pid: str) -> bool:
+def _waiting(pid: int) -> bool:
     with open(f"/proc/{pid}/wchan") as wchan:
         return wchan.read().startswith("futex")
 
 
-def test_as_shipped_a_sigterm_to_the_process_group_hangs_the_stop(tmp_path):
+def test_as_shipped_a_sentinel_killed_by_the_stop_signal_hangs_the_stop(tmp_path):
+    """A SIGTERM to the whole group reaches the sentinel and the main process at once; when the
+    main process starts the stop before the sentinel has died, it waits forever for the dead
+    sentinel to take the stop event. Made deterministic: the sentinel is held still while the
+    main process starts the stop, then dies of the same signal."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.compat.bare_settings",
@@ -184,10 +188,16 @@ def test_as_shipped_a_sigterm_to_the_process_group_hangs_the_stop(tmp_path):
     )
     try:
         _ready(cluster, "running", 30)
-        (sentinel,) = open(f"/proc/{cluster.pid}/task/{cluster.pid}/children").read().split()
-        # The sentinel waits on the cluster's stop event (its guard loop) nearly all the time.
+        (sentinel,) = map(
+            int, open(f"/proc/{cluster.pid}/task/{cluster.pid}/children").read().split()
+        )
         wait_for(lambda: _waiting(sentinel), timeout=10, message="the sentinel waiting")
-        os.killpg(cluster.pid, signal.SIGTERM)
+        os.kill(sentinel, signal.SIGSTOP)
+        os.kill(cluster.pid, signal.SIGTERM)
+        wait_for(lambda: _waiting(cluster.pid), timeout=10, message="the stop under way")
+        os.kill(sentinel, signal.SIGTERM)
+        os.kill(sentinel, signal.SIGCONT)
+        wait_for(lambda: not alive(sentinel), timeout=10, message="the sentinel dead")
         with pytest.raises(subprocess.TimeoutExpired):  # it would wait forever
             cluster.wait(8)
     finally:
