@@ -13,11 +13,4 @@ DATABASES = {
     }
 }
 
-Q_CLUSTER = {
-    "name": "bare",
-    "orm": "default",
-    "workers": 2,
-    "timeout": 30,
-    "retry": 60,
-    "guard_cycle": 60,
-}
+Q_CLUSTER = {"name": "bare", "orm": "default", "workers": 2, "timeout": 30, "retry": 60}
