@@ -1,8 +1,9 @@
 """The django-q2 internals agenttasks depends on, each with the failure its patch prevents.
 
 Three of django-q2's failures strike a worker process that holds many runs in flight, so they are
-patched here, and nowhere else does agenttasks touch django-q2's internals (docs/operating.md#django-q2
-writes each one up as a report to upstream would):
+patched here, and nowhere else does agenttasks touch django-q2's internals. docs/operating.md
+("django-q2's failures, and what agenttasks does about them") writes each one up as a report to
+upstream would:
 
 - a worker killed while it waits for a job keeps the task queue's lock: `guard_task_queue`;
 - a worker killed while it holds its timer's lock stops the guard for good: `guard_worker_timers`;
@@ -177,10 +178,10 @@ def guard_worker_timers() -> None:
 
 
 def bound_cluster_stop(grace: Callable[[], float]) -> None:
-    """Make a SIGTERM (or Ctrl-C) to `qcluster` end its main process, and within a bound.
+    """Make a SIGTERM to `qcluster` end its main process, and within a bound.
 
     django-q2's sentinel takes SIGTERM with the default action. A SIGTERM sent to the whole
-    process group (systemd's default, a terminal's Ctrl-C) kills the sentinel while it waits on
+    process group (systemd's default; the sentinel ignores Ctrl-C's SIGINT) kills the sentinel while it waits on
     the cluster's stop event, and django-q2's `Cluster.stop` then waits forever in
     `stop_event.set()` for the dead waiter to acknowledge it (a multiprocessing Condition counts
     it as a sleeper): the main process hung in futex_do_wait beside its zombie sentinel. So the
