@@ -180,9 +180,9 @@ def guard_worker_timers() -> None:
 def bound_cluster_stop(grace: Callable[[], float]) -> None:
     """Make a SIGTERM to `qcluster` end its main process, and within a bound.
 
-    django-q2's sentinel takes SIGTERM with the default action. A SIGTERM sent to the whole
-    process group (systemd's default; the sentinel ignores Ctrl-C's SIGINT) kills the sentinel while it waits on
-    the cluster's stop event, and django-q2's `Cluster.stop` then waits forever in
+    django-q2's sentinel takes SIGTERM with the default action (it ignores Ctrl-C's SIGINT). A
+    SIGTERM sent to the whole process group (systemd's default) kills the sentinel while it waits
+    on the cluster's stop event, and django-q2's `Cluster.stop` then waits forever in
     `stop_event.set()` for the dead waiter to acknowledge it (a multiprocessing Condition counts
     it as a sleeper): the main process hung in futex_do_wait beside its zombie sentinel. So the
     event is set from a thread that is given STOP_ACK_WAIT seconds, and then the sentinel is
