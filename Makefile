@@ -56,18 +56,29 @@ test: install lint typecheck
 	$(MAKE) test-sqlite
 	$(MAKE) test-postgres
 
+# Each database's run: the independent tests in parallel (pytest-xdist, a file per worker at a
+# time), then the tests marked `serial` (real clusters, browsers, the demo) one at a time. Every
+# test runs on SQLite unless it needs PostgreSQL; on PostgreSQL run those and the tests of what
+# behaves otherwise there (tests/conftest.py says which). AGENTTASKS_EVERY_TEST=1 runs all on both.
+PYTEST_WORKERS ?= 3
+
 test-sqlite: install
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial"
+	$(VENV)/bin/pytest -p no:xdist -m serial
 
 test-postgres: install
-	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 $(VENV)/bin/pytest
+	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial"
+	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 $(VENV)/bin/pytest -p no:xdist -m serial
 
 # Longer fuzzing than make test's (not part of it): schemathesis over the served OpenAPI document
-# and hypothesis over every write endpoint, FUZZ_SCALE times the cases make test runs.
+# and hypothesis over every write endpoint, FUZZ_SCALE times the cases make test runs; then the
+# soaks at full size (a stalled cluster's 5,000 queued runs, ten times make test's).
 FUZZ_SCALE ?= 3
 fuzz: install
 	AGENTTASKS_FUZZ_SCALE=$(FUZZ_SCALE) $(VENV)/bin/pytest --timeout=3600 -s \
 		tests/api/test_api_schemathesis.py tests/api/test_api_fuzz.py
+	AGENTTASKS_SOAK=1 $(VENV)/bin/pytest --timeout=3600 -s \
+		tests/execution/test_requeue.py -k stalled_cluster
 
 # Benchmarks against baselines measured in the same run, on PostgreSQL (not part of make test).
 bench: install

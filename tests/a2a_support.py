@@ -202,9 +202,10 @@ def server(live_server):
 
 
 @pytest.fixture
-def cluster(start_cluster):
-    """A real django-q2 cluster on the test database (loopback push receivers allowed)."""
-    return start_cluster(workers=2, **ALLOW_LOOPBACK)
+def cluster(shared_cluster):
+    """A real django-q2 cluster on the test database (loopback push receivers allowed), shared by
+    the module's tests."""
+    return shared_cluster(workers=2, **ALLOW_LOOPBACK)
 
 
 @pytest.fixture

@@ -1,8 +1,12 @@
 """Shared fixtures: the recording queue, users, the P/R harness of docs/lifecycle.md's scenarios, signals."""
 
+import json
+import os
+import signal
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -13,27 +17,104 @@ from agenttasks.runtime.base import Reply
 
 from .factories import ConversationFactory, RunFactory, UserFactory
 
+# What runs where (docs/contributing: "The suite"). Every test runs once, on SQLite, unless it
+# needs PostgreSQL (`postgres`); on PostgreSQL run those and the tests of what behaves otherwise
+# there (`both`): the store's SQL path, the workers' notifications and claims, the endings' SQL and
+# triggers, the deliveries and wake-ups they owe, metrics kept by triggers. The differential test
+# (tests/store/test_differential.py) proves the two store paths give the same answers and rows,
+# so the surfaces above the store run once. AGENTTASKS_EVERY_TEST=1 runs everything on both.
+BOTH_FOLDERS = {"store", "execution", "chaos", "lifecycle", "delivery", "operations"}
+# Real clusters are timing-sensitive (leases of seconds): they run after the parallel part, one
+# test at a time, as do the modules marked `serial` (browsers, the demo, bare django-q2 clusters).
+SERIAL_FIXTURES = {"start_cluster"}
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` reads the markers added here
 def pytest_collection_modifyitems(config, items):
-    import os
-
     from django.conf import settings
 
-    if not os.environ.get("AGENTTASKS_CHAOS"):
-        # The chaos suite kills workers and restarts PostgreSQL: `make test` turns it on.
-        skip_chaos = pytest.mark.skip(reason="chaos suite: set AGENTTASKS_CHAOS=1 (make test does)")
-        for item in items:
-            if "chaos" in item.keywords:
-                item.add_marker(skip_chaos)
-    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        return
-    skip = pytest.mark.skip(
-        reason="needs PostgreSQL row locks; SQLite serializes whole transactions instead "
-        "(the sqlite sibling test proves that)"
-    )
+    postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+    every = bool(os.environ.get("AGENTTASKS_EVERY_TEST"))
+    chaos = bool(os.environ.get("AGENTTASKS_CHAOS"))
+    kept, deselected = [], []
     for item in items:
-        if "postgres" in item.keywords:
-            item.add_marker(skip)
+        folder = item.path.parent.name
+        if folder in BOTH_FOLDERS:
+            item.add_marker(pytest.mark.both)
+        if SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())) or folder == "chaos":
+            item.add_marker(pytest.mark.serial)
+        if "chaos" in item.keywords and not chaos:
+            # The chaos suite kills workers and restarts PostgreSQL: `make test` turns it on.
+            item.add_marker(pytest.mark.skip(reason="chaos suite: set AGENTTASKS_CHAOS=1"))
+        if postgres:
+            wanted = every or "postgres" in item.keywords or "both" in item.keywords
+        else:
+            wanted = "postgres" not in item.keywords
+        (kept if wanted else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+# Every process a test starts inherits this (its children too), so the ones left behind can be found.
+os.environ["AGENTTASKS_TEST_PROCESS"] = str(os.getpid())
+
+
+def left_behind() -> list[int]:
+    """Return the processes this test process started (at any depth) that still live."""
+    mark = f"AGENTTASKS_TEST_PROCESS={os.getpid()}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def end_left_behind() -> list[int]:
+    """SIGKILL what `left_behind` finds; return their ids."""
+    pids = left_behind()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test, for the fixtures that clean up after a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request):
+    """A test that fails leaves no process running (its clusters, servers, demos, browsers)."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        ended = end_left_behind()
+        if ended:
+            print(f"ended processes the failed test left behind: {ended}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Whatever still runs that a test started ends with the run (xdist's controller runs none)."""
+    if getattr(session.config.option, "numprocesses", None) and not hasattr(
+        session.config, "workerinput"
+    ):
+        return
+    ended = end_left_behind()
+    if ended:
+        print(f"\nended processes the tests left behind: {ended}")
 
 
 def on_postgres() -> bool:
@@ -265,6 +346,35 @@ def start_cluster(transactional_db, real_queue):
         chatter = ("Enqueued", "processing", "Processed", "Callback delivered")
         lines = [line for line in cluster.lines if not any(c in line for c in chatter)]
         print("\n".join(lines[-150:]))
+
+
+@pytest.fixture(scope="module")
+def module_clusters(django_db_setup, django_db_blocker):
+    """Clusters a module's tests share (one per worker count and settings), started when first
+    asked for and again if a test killed one; all stop after the module."""
+    from .cluster import Cluster
+
+    started: dict = {}
+
+    def get(workers: int = 2, **settings):
+        key = (workers, json.dumps(settings, sort_keys=True))
+        cluster = started.get(key)
+        if cluster is None or cluster.process.poll() is not None:
+            started[key] = cluster = Cluster(workers=workers, settings=settings).start()
+        return cluster
+
+    yield get
+    with django_db_blocker.unblock():
+        for cluster in started.values():
+            cluster.kill()
+
+
+@pytest.fixture
+def shared_cluster(module_clusters, transactional_db, real_queue):
+    """Return `get(workers, **settings)`: a cluster of this module's that the test only reads
+    through (a cluster's start costs seconds; its runs of one test end before the next starts)."""
+    yield module_clusters
+    queue.forget_listeners()
 
 
 @pytest.fixture

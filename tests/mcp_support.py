@@ -107,9 +107,9 @@ def server(live_server):
 
 
 @pytest.fixture
-def cluster(start_cluster):
-    """A real django-q2 cluster on the test database."""
-    return start_cluster(workers=2)
+def cluster(shared_cluster):
+    """A real django-q2 cluster on the test database, shared by the module's tests."""
+    return shared_cluster(workers=2)
 
 
 def _user(name: str):

@@ -16,6 +16,9 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.apps.TestAgentsConfig"]
 # run would change what other tests count).
 AGENTTASKS = {**AGENTTASKS, "METRICS_ENABLED": False}  # noqa: F405
 
+# A full-strength hash costs seconds on a loaded machine, and the suite logs users in often.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 # A cluster started by a test (a subprocess) takes its AGENTTASKS overrides from the environment.
 if os.environ.get("AGENTTASKS_TEST_SETTINGS"):
     AGENTTASKS = {**AGENTTASKS, **json.loads(os.environ["AGENTTASKS_TEST_SETTINGS"])}  # noqa: F405

@@ -23,6 +23,9 @@ from .conftest import wait_for
 
 VENV = Path(sys.executable).parent.parent
 
+# Processes of their own, timed by the clock: outside the parallel part of the suite.
+pytestmark = pytest.mark.serial
+
 
 def make_run(tmp_path, port: int, *args: str, marker: str = "") -> subprocess.Popen:
     """`make run` in a process group of its own, on a fresh SQLite file (never the demo's)."""

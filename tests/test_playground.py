@@ -6,7 +6,6 @@ import re
 import threading
 
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
@@ -23,6 +22,7 @@ from .fake_model import FakeModel, Reply, stream_answer
 browser = chrome.browser  # the fixture: Debian's Chromium through Playwright
 
 pytestmark = [
+    pytest.mark.serial,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         not CHROMIUM.exists(),
@@ -245,10 +245,7 @@ def test_streamed_pieces_show_as_they_arrive_then_the_stored_reply_replaces_them
     expect(streaming).to_have_count(0)
 
 
-@pytest.mark.skipif(
-    not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
-    reason="a cluster's deltas reach the web process through PostgreSQL (pg_notify) only",
-)
+@pytest.mark.postgres  # a cluster's deltas reach the web process through pg_notify only
 def test_a_chat_agents_reply_streams_into_the_page_from_the_cluster(playground, start_cluster):
     """End to end: the cluster's chat run streams from the model, through pg_notify, to the page."""
     from playwright.sync_api import expect

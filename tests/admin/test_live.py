@@ -12,6 +12,7 @@ from .test_browser import ARTIFACTS, CHROMIUM, admin_path, status_of
 browser = chrome.browser  # the fixture: Debian's Chromium through Playwright
 
 pytestmark = [
+    pytest.mark.serial,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         not CHROMIUM.exists(),

@@ -14,7 +14,8 @@ import pytest
 
 from .conftest import agenttasks, at_gate, error, gate_task, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Behaves otherwise on PostgreSQL: new events and deltas reach the stream through NOTIFY.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both]
 
 TERMINAL = ("completed", "failed", "cancelled")
 

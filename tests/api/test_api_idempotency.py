@@ -19,7 +19,8 @@ from agenttasks.models import Comment, Conversation, Event, IdempotencyKey, Run,
 from ..conftest import run_threads
 from .conftest import Api, agenttasks, error
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Behaves otherwise on PostgreSQL: a repeat waits on the first request's row lock.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both]
 
 KEY = "HTTP_IDEMPOTENCY_KEY"
 INVALID = "Idempotency-Key must be 1-255 printable ASCII characters"

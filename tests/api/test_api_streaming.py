@@ -22,7 +22,8 @@ from ..fake_model import LOOKUP, in_thread, refresh, stream_answer, streamed, ta
 from .test_api_events import Stream, open_stream
 
 pytest_plugins = ["tests.fake_model"]
-pytestmark = pytest.mark.django_db(transaction=True)
+# Behaves otherwise on PostgreSQL: new events and deltas reach the stream through NOTIFY.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both]
 
 PIECES = [f"w{i} " for i in range(20)]
 

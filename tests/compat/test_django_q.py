@@ -1,5 +1,6 @@
 """The django-q2 failures agenttasks patches (agenttasks/compat/django_q.py): each is reproduced
-on django-q2 as it ships, then shown not to happen with the patch (docs/operating.md#django-q2).
+on django-q2 as it ships, then shown not to happen with the patch (docs/operating.md, "django-q2's
+failures, and what agenttasks does about them").
 """
 
 import multiprocessing
@@ -24,6 +25,9 @@ from ..conftest import wait_for
 from ..execution.test_in_flight import FAST_LEASES, alive, running, settled, slow_tasks
 
 FORK = multiprocessing.get_context("fork")
+
+# Processes of their own, timed by the clock: outside the parallel part of the suite.
+pytestmark = pytest.mark.serial
 
 
 def test_the_installed_django_q2_has_every_internal_the_patches_need():

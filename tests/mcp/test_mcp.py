@@ -221,9 +221,10 @@ def test_a_client_cancel_stops_the_task(host, cluster, mode):
 
     host(mode).run(body)
     task = Task.objects.get(agent="slow")
+    # The worker takes the stop at its next heartbeat (HEARTBEAT_INTERVAL, 5 s, on SQLite).
     wait_for(
         lambda: Task.objects.get(pk=task.pk).status == "cancelled",
-        timeout=10,
+        timeout=30,
         message="the cancelled call's task is cancelled",
     )
 
