@@ -60,6 +60,10 @@ class ActionNotFound(TaskError, LookupError):
     status_code = 404
     code = "NOT_FOUND"
 
+    def __init__(self, action_id: str = "", *, info: Any = None) -> None:
+        super().__init__(info=info)
+        self.action_id = action_id
+
 
 # --- limits ----------------------------------------------------------------------------------
 

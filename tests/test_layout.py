@@ -148,3 +148,26 @@ def test_no_circle_of_imports():
         if module not in state:
             visit(module, [module])
     assert circles == []
+
+
+def writes_deleting_at(tree: ast.AST) -> bool:
+    """Whether a module names a conversation's delete mark in a call (`update(deleting_at=…)`)
+    or assigns it (`conversation.deleting_at = …`)."""
+    return any(
+        (isinstance(node, ast.keyword) and node.arg == "deleting_at")
+        or (
+            isinstance(node, ast.Attribute)
+            and node.attr == "deleting_at"
+            and isinstance(node.ctx, ast.Store)
+        )
+        for node in ast.walk(tree)
+    )
+
+
+def test_only_the_store_writes_the_delete_mark():
+    writers = {
+        module
+        for module, path in MODULES.items()
+        if writes_deleting_at(ast.parse(path.read_text(encoding="utf-8")))
+    }
+    assert writers and all(room(m) in {"store", "migrations"} for m in writers), writers

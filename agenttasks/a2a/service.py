@@ -81,7 +81,7 @@ def find_task(call: Call, task_id: str) -> Task:
     """Return the caller's task of this agent; another user's task is not found either."""
     task = Task.objects.select_related("run").filter(agent=call.agent.id).named(task_id)
     if task is None or task.owner_id != call.owner_id:
-        raise TaskNotFoundError(f"Task not found: {task_id}")
+        raise TaskNotFoundError(errors.refusal(TaskNotFound(task_id)).message)
     return task
 
 
@@ -179,7 +179,7 @@ def wait(call: Call, task_id: str) -> Task:
             stop_check=lambda: caps.gone(client),
         )
     except TaskNotFound:
-        raise TaskNotFoundError(f"Task not found: {task_id}") from None
+        raise TaskNotFoundError(errors.refusal(TaskNotFound(task_id)).message) from None
 
 
 def _metadata(req: SendRequest) -> dict:
@@ -395,7 +395,7 @@ def cancel_task(call: Call, req: pb.CancelTaskRequest) -> pb.Task:
     except AlreadyFinal as exc:
         raise TaskNotCancelableError(f"Task {task.id} is already {exc.status}") from None
     except TaskNotFound:
-        raise TaskNotFoundError(f"Task not found: {req.id}") from None
+        raise TaskNotFoundError(errors.refusal(TaskNotFound(req.id)).message) from None
     return call.present(cancelled)
 
 

@@ -104,17 +104,8 @@ def retry(task_id: str) -> tuple[str, bool]:
 
 def live_descendants(conversation_id: str) -> int:
     """Count the live tasks spawned below a conversation, at any depth."""
-    count, frontier, seen = 0, [conversation_id], {conversation_id}
-    while frontier:
-        rows = list(
-            Task.objects.filter(parent_conversation_id__in=frontier).values_list(
-                "conversation_id", "status"
-            )
-        )
-        frontier = [c for c, _ in rows if c not in seen]
-        seen.update(frontier)
-        count += sum(status in LIVE for _, status in rows)
-    return count
+    levels = Task.objects.only("conversation_id", "status").levels_below([conversation_id])
+    return sum(task.status in LIVE for level in levels for task in level)
 
 
 def stop_tree(task: Task) -> tuple[str, bool, int]:

@@ -26,12 +26,63 @@ def context(now=None) -> dict:
     now = now or timezone.now()
     since = now - timedelta(hours=HOURS)
     counts = dict(Task.objects.order_by().values_list("status").annotate(n=Count("id")))
-    running = list(
+    failed = Task.objects.filter(status=TaskStatus.FAILED, finished_at__gte=since)
+    actions = PendingAction.objects.filter(status=ActionStatus.PENDING).aggregate(
+        open=Count("id"), overdue=Count("id", filter=Q(deadline__lt=now))
+    )
+    return {
+        "queue": _queue(),
+        "status_counts": [(s, TaskStatus(s).label, counts.get(s, 0)) for s in TaskStatus.values],
+        "total": sum(counts.values()),
+        "running": _running(),
+        "running_count": counts.get(TaskStatus.RUNNING, 0),
+        "failed_count": failed.count(),
+        "failures": [
+            (task, human_duration(seconds_between(task.finished_at)))
+            for task in failed.order_by("-finished_at")[:LIST_LIMIT]
+        ],
+        **_runs_to_watch(now),
+        "open_actions": actions["open"],
+        "overdue_actions": actions["overdue"],
+        "lease_timeout": app_settings.LEASE_TIMEOUT,
+        "chart": chart(now),
+    }
+
+
+def _queue() -> dict:
+    """The health check's verdict and details (one statement), with the ages in words."""
+    healthy, checked = health.check(details=True)
+    details = checked.get("details", {})
+    return {
+        "healthy": healthy,
+        "reasons": checked.get("reasons", []),
+        **details,
+        "oldest_queued": human_duration((details.get("queue") or {}).get("oldestQueuedAgeSeconds")),
+        "last_pass": _age_or_never((details.get("reaper") or {}).get("lastPassAgeSeconds")),
+    }
+
+
+def _running() -> list[dict]:
+    """The oldest running tasks, with their progress, lease and heartbeat."""
+    running = (
         Task.objects.filter(status=TaskStatus.RUNNING)
         .select_related("run", "owner")
         .order_by("started_at", "id")[:LIST_LIMIT]
     )
-    failed = Task.objects.filter(status=TaskStatus.FAILED, finished_at__gte=since)
+    return [
+        {
+            "task": task,
+            "progress": lifecycle.progress_line(task),
+            "lease": lease(task.run),
+            "heartbeat": human_duration(seconds_between(task.run.heartbeat_at)),
+            "running_for": human_duration(seconds_between(task.started_at)),
+        }
+        for task in running
+    ]
+
+
+def _runs_to_watch(now) -> dict:
+    """Runs past their lease, runs queued too long, and the run whose heartbeat is oldest."""
     runs = Run.objects.aggregate(
         stale=Count(
             "id",
@@ -49,45 +100,12 @@ def context(now=None) -> dict:
             ),
         ),
     )
-    actions = PendingAction.objects.filter(status=ActionStatus.PENDING).aggregate(
-        open=Count("id"), overdue=Count("id", filter=Q(deadline__lt=now))
-    )
     oldest = (
         Run.objects.filter(status=RunStatus.RUNNING)
         .order_by(F("heartbeat_at").asc(nulls_first=True), "started_at")
         .first()
     )
-    healthy, checked = health.check(details=True)  # one statement
     return {
-        "queue": {
-            "healthy": healthy,
-            "reasons": checked.get("reasons", []),
-            **checked.get("details", {}),
-            "oldest_queued": human_duration(
-                (checked.get("details", {}).get("queue") or {}).get("oldestQueuedAgeSeconds")
-            ),
-            "last_pass": _age_or_never(
-                (checked.get("details", {}).get("reaper") or {}).get("lastPassAgeSeconds")
-            ),
-        },
-        "status_counts": [(s, TaskStatus(s).label, counts.get(s, 0)) for s in TaskStatus.values],
-        "total": sum(counts.values()),
-        "running": [
-            {
-                "task": task,
-                "progress": lifecycle.progress_line(task),
-                "lease": lease(task.run),
-                "heartbeat": human_duration(seconds_between(task.run.heartbeat_at)),
-                "running_for": human_duration(seconds_between(task.started_at)),
-            }
-            for task in running
-        ],
-        "running_count": counts.get(TaskStatus.RUNNING, 0),
-        "failed_count": failed.count(),
-        "failures": [
-            (task, human_duration(seconds_between(task.finished_at)))
-            for task in failed.order_by("-finished_at")[:LIST_LIMIT]
-        ],
         "oldest_run": oldest,
         "oldest_lease": lease(oldest) if oldest else "",
         "oldest_age": human_duration(seconds_between(oldest.heartbeat_at or oldest.started_at))
@@ -95,10 +113,6 @@ def context(now=None) -> dict:
         else "",
         "stale_runs": runs["stale"],
         "queued_long": runs["queued_long"],
-        "open_actions": actions["open"],
-        "overdue_actions": actions["overdue"],
-        "lease_timeout": app_settings.LEASE_TIMEOUT,
-        "chart": chart(now),
     }
 
 

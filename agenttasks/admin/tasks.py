@@ -295,8 +295,6 @@ class TaskAdmin(ReadOnlyAdmin):
         result = TaskResult.objects.filter(task=task).first()
         if result is not None and result.partial and not (result.content or result.files):
             result = None  # a pause that said nothing yet: there is no result to show
-        can_cancel = self.has_cancel_permission(request)
-        live = task.status in LIVE
         return {
             "opts": self.opts,
             "title": f"Task {task.pk}",
@@ -338,27 +336,33 @@ class TaskAdmin(ReadOnlyAdmin):
             "descendants_cut": cut,
             "timeline": entries,
             "timeline_hidden": hidden,
-            "buttons": [
-                op
-                for op in OPERATIONS.values()
-                if (op.permission == "cancel" and can_cancel and op.name != "stop_tree" and live)
-                or (
-                    op.name == "retry"
-                    and lifecycle.retry_refusal(task) is None
-                    and self.has_retry_permission(request)
-                )
-                or (
-                    op.name == "stop_tree"
-                    and can_cancel
-                    and (live or any(t.status in LIVE for t, _ in below))
-                )
-            ],
+            "buttons": self.buttons(request, task, below),
             "can_answer": self.has_answer_permission(request),
             "approval": ActionKind.APPROVAL,
             "can_delete_conversation": request.user.has_perm(
                 f"{self.opts.app_label}.delete_conversation"
             ),
         }
+
+    def buttons(self, request, task: Task, below: list[tuple[Task, int]]) -> list:
+        """The operations this user may apply to this task now."""
+        can_cancel = self.has_cancel_permission(request)
+        live = task.status in LIVE
+        return [
+            op
+            for op in OPERATIONS.values()
+            if (op.permission == "cancel" and can_cancel and op.name != "stop_tree" and live)
+            or (
+                op.name == "retry"
+                and lifecycle.retry_refusal(task) is None
+                and self.has_retry_permission(request)
+            )
+            or (
+                op.name == "stop_tree"
+                and can_cancel
+                and (live or any(t.status in LIVE for t, _ in below))
+            )
+        ]
 
     def fields_of(self, task: Task) -> list[tuple[str, object]]:
         """Return the task's fields as (label, value) rows; JSON values come back as str."""

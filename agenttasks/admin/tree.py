@@ -1,6 +1,7 @@
 """A task's place in its tree: the chain of parents above it and every task below it."""
 
 from collections import defaultdict
+from itertools import islice
 
 from ..models import Conversation, Task
 
@@ -41,21 +42,16 @@ def ancestors(task: Task) -> list[tuple[Conversation, Task | None]]:
 def descendants(conversation_id: str) -> tuple[list[tuple[Task, int]], bool]:
     """Return every task below a conversation as (task, level) in tree order, and if cut short."""
     children = defaultdict(list)
-    frontier, seen, total = [conversation_id], {conversation_id}, 0
-    for _ in range(MAX_LEVELS):
-        if not frontier or total >= MAX_DESCENDANTS:
-            break
-        rows = Task.objects.filter(parent_conversation_id__in=frontier).order_by("created_at", "id")
-        frontier = []
-        for row in rows.only(
-            "id", "label", "agent", "kind", "status", "conversation_id", "parent_conversation_id"
-        ):
-            if row.conversation_id in seen:
-                continue
-            seen.add(row.conversation_id)
+    total = 0
+    rows = Task.objects.order_by("created_at", "id").only(
+        "id", "label", "agent", "kind", "status", "conversation_id", "parent_conversation_id"
+    )
+    for found in islice(rows.levels_below([conversation_id]), MAX_LEVELS):
+        for row in found:
             children[row.parent_conversation_id].append(row)
-            frontier.append(row.conversation_id)
-            total += 1
+        total += len(found)
+        if total >= MAX_DESCENDANTS:
+            break
     ordered: list[tuple[Task, int]] = []
     stack = [(child, 1) for child in reversed(children[conversation_id])]
     while stack:

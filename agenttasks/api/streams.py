@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..broker import deltas
 from ..models import Conversation, Event, Run, Task
-from ..states import RUN_ACTIVE, TERMINAL
+from ..states import TERMINAL
 from ..toolkit import caps, errors
 from ..toolkit.streams import BATCH, Follower
 from .serializers import EventSerializer, TaskSerializer, pending_actions
@@ -123,7 +123,8 @@ class EventStream(Follower):
         if actions:
             body["pendingActions"] = actions
         active = (
-            Run.objects.filter(conversation_id=conversation.id, status__in=RUN_ACTIVE)
+            Run.objects.active()
+            .filter(conversation_id=conversation.id)
             .order_by("-created_at", "-id")
             .values_list("id", flat=True)
             .first()

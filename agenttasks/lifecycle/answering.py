@@ -104,7 +104,7 @@ def resolve_as_person(action_id: str, resolution: dict[str, Any]) -> Task | None
     """
     action = PendingAction.objects.filter(pk=action_id).first()
     if action is None:
-        raise ActionNotFound()
+        raise ActionNotFound(action_id)
     refuse(answer_refusal(action))
     won = resolve(action_id, resolution)
     if not won:
@@ -146,7 +146,7 @@ def resolve_action(
     action_id = action if isinstance(action, str) else action.pk
     row = PendingAction.objects.filter(pk=action_id).first()
     if row is None:
-        raise ActionNotFound()
+        raise ActionNotFound(action_id)
     resolution = answers.resolution(row, answer)
     if decided_by is not None:
         resolution["decided_by"] = decided_by

@@ -112,25 +112,17 @@ def stop_tree(conversation: ConversationRef) -> None:
     """Stop every live task spawned from the conversation, and theirs, recursively."""
     conversation_id = conversation_id_of(conversation)
     errors: list[Exception] = []
-    seen: set[str] = set()
-    frontier = [conversation_id]
-    while frontier:
+    levels = Task.objects.live().only("id", "conversation_id").levels_below([conversation_id])
+    while True:
         try:
-            live = list(
-                Task.objects.filter(
-                    parent_conversation_id__in=frontier, status__in=LIVE
-                ).values_list("id", "conversation_id")
-            )
+            level = next(levels, None)
         except DatabaseError as exc:
             raise StoreError.listing_live(exc) from exc
-        frontier = []
-        for task_id, child_conversation_id in live:
-            if task_id in seen:
-                continue
-            seen.add(task_id)
-            frontier.append(child_conversation_id)
+        if level is None:
+            break
+        for task in level:
             try:
-                stop(task_id)
+                stop(task.id)
             except (AlreadyFinal, TaskNotFound):
                 pass
             except Exception as exc:  # collected and raised together

@@ -320,7 +320,7 @@ class TaskTools:
         action_id = args["action_id"]
         action, task = self.answerable(action_id)
         if action is None or task is None:
-            return error_result(f"Action not found: {action_id}")
+            return error_result(errors.refusal(ActionNotFound(action_id)).message)
         try:
             resolution = answers.checked(action, args["answer"])
         except answers.AnswerError as exc:
@@ -330,7 +330,7 @@ class TaskTools:
                 action.id, {**resolution, "decided_by": self.session.caller.user}
             )
         except (ActionNotFound, TaskNotFound, RunNotFound):
-            return error_result(f"Action not found: {action_id}")
+            return error_result(errors.refusal(ActionNotFound(action_id)).message)
         except TaskError as exc:
             return error_result(errors.refusal(exc).message)
         action.refresh_from_db()

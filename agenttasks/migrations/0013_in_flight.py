@@ -2,12 +2,12 @@
 
 - PostgreSQL: `agenttasks_claim_v1` (one run), `agenttasks_claim_tasks_v1` (the runs of several
   tasks at once) and `agenttasks_claim_runs_v1` (up to a number of queued runs in one statement),
-  from `agenttasks/migrations/sql/claim_v1.sql`.
+  from `agenttasks/migrations/frozen/claim_v1.sql`.
   They replace 0005's `agenttasks_claim_run`.
 - PostgreSQL: the task counts' trigger takes its row locks in status order
-  (`agenttasks/sql/task_counts_v2.sql`), so a claim of many runs and the endings do not deadlock.
+  (`agenttasks/migrations/frozen/task_counts_v2.sql`), so a claim of many runs and the endings do not deadlock.
 - PostgreSQL: `agenttasks_append_to_v1`, a runtime's events appended in one statement
-  (`agenttasks/migrations/sql/events_v1.sql`).
+  (`agenttasks/migrations/frozen/events_v1.sql`).
 - `WorkerProcess`: each worker process's slots and runs in flight, for metrics and health.
 """
 
@@ -15,7 +15,7 @@ import importlib
 
 from django.db import migrations, models
 
-from agenttasks.sql import read
+from agenttasks.sql import frozen
 
 DROP_V1 = """
 DROP FUNCTION IF EXISTS agenttasks_claim_runs_v1(text, integer, timestamptz, text[]);
@@ -40,10 +40,10 @@ DROP_CLAIM_RUN = "DROP FUNCTION IF EXISTS agenttasks_claim_run(text, text, times
 def install(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         with schema_editor.connection.cursor() as cursor:
-            cursor.execute(read("claim_v1.sql"))
+            cursor.execute(frozen("claim_v1.sql"))
             cursor.execute(DROP_CLAIM_RUN)
-            cursor.execute(read("task_counts_v2.sql"))
-            cursor.execute(read("events_v1.sql"))
+            cursor.execute(frozen("task_counts_v2.sql"))
+            cursor.execute(frozen("events_v1.sql"))
 
 
 def uninstall(apps, schema_editor):

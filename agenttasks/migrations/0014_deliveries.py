@@ -4,13 +4,13 @@
   what stays overdue.
 - PostgreSQL: the trigger `agenttasks_owe_deliveries` writes them in the statement that moves a
   task into a notified status, the SQL functions' endings included
-  (`agenttasks/sql/deliveries_v1.sql`). On other databases the store's ORM path writes them.
+  (`agenttasks/migrations/frozen/deliveries_v1.sql`). On other databases the store's ORM path writes them.
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
 
-from agenttasks.sql import on_postgres, render
+from agenttasks.sql import frozen, on_postgres
 
 DROP_V1 = """
 DROP TRIGGER IF EXISTS agenttasks_owe_deliveries ON agenttasks_task;
@@ -19,7 +19,7 @@ DROP FUNCTION IF EXISTS agenttasks_owe_deliveries_v1();
 
 
 def install() -> str:
-    return render("deliveries_v1.sql")
+    return frozen("deliveries_v1.sql")
 
 
 class Migration(migrations.Migration):

@@ -1,9 +1,9 @@
-"""PostgreSQL: `agenttasks_create_task_v2` (`agenttasks/migrations/sql/create_v2.sql`), a create that
+"""PostgreSQL: `agenttasks_create_task_v2` (`agenttasks/migrations/frozen/create_v2.sql`), a create that
 notifies the worker processes listening on `agenttasks_runs` instead of writing a job."""
 
 from django.db import migrations
 
-from agenttasks.sql import on_postgres, read
+from agenttasks.sql import frozen, on_postgres
 
 DROP_V2 = """
 DROP FUNCTION IF EXISTS agenttasks_create_task_v2(
@@ -12,7 +12,7 @@ DROP FUNCTION IF EXISTS agenttasks_create_task_v2(
 
 
 def install() -> str:
-    return read("create_v2.sql")
+    return frozen("create_v2.sql")
 
 
 class Migration(migrations.Migration):

@@ -1,11 +1,11 @@
 """PostgreSQL: the transition table checked on every write of a task's status, by a trigger
-(`agenttasks/sql/task_transitions_v1.sql`) whose allowed pairs come from `states.TRANSITIONS`.
+(`agenttasks/migrations/frozen/task_transitions_v1.sql`) whose allowed pairs come from `states.TRANSITIONS`.
 
 A task is created `pending` (the one pair from no status), so only updates are checked."""
 
 from django.db import migrations
 
-from agenttasks.sql import on_postgres, render
+from agenttasks.sql import frozen, on_postgres
 
 DROP_V1 = """
 DROP TRIGGER IF EXISTS agenttasks_task_transition ON agenttasks_task;
@@ -14,7 +14,7 @@ DROP FUNCTION IF EXISTS agenttasks_task_transition_v1();
 
 
 def install() -> str:
-    return render("task_transitions_v1.sql")
+    return frozen("task_transitions_v1.sql")
 
 
 class Migration(migrations.Migration):

@@ -1,14 +1,14 @@
 """PostgreSQL: the create and the ending as versioned functions loaded from `.sql` files, with
-the constants they share with Python written in (`agenttasks.sql.render`):
-`agenttasks_create_task_v3` (`migrations/sql/create_task_v3.sql`) and `agenttasks_end_v1`
-(`migrations/sql/end_v1.sql`).
+the constants they share with Python written in when they were frozen (`agenttasks.sql`):
+`agenttasks_create_task_v3` (`migrations/frozen/create_task_v3.sql`) and `agenttasks_end_v1`
+(`migrations/frozen/end_v1.sql`).
 
 The functions they replace (`agenttasks_create_task`, `_v2`, `agenttasks_end`) stay installed
 for the code of earlier versions; nothing of this version calls them."""
 
 from django.db import migrations
 
-from agenttasks.sql import on_postgres, render
+from agenttasks.sql import frozen, on_postgres
 
 DROP = """
 DROP FUNCTION IF EXISTS agenttasks_end_v1(jsonb);
@@ -18,7 +18,7 @@ DROP FUNCTION IF EXISTS agenttasks_create_task_v3(
 
 
 def install() -> str:
-    return render("create_task_v3.sql") + "\n" + render("end_v1.sql")
+    return frozen("create_task_v3.sql") + "\n" + frozen("end_v1.sql")
 
 
 class Migration(migrations.Migration):

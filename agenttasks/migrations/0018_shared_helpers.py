@@ -1,16 +1,16 @@
 """PostgreSQL: the helpers of the transitions with the id format and the trigger names written
-in from Python (`agenttasks/sql/helpers_v1.sql`), and the create, the claims, the ending and the
+in from Python (`agenttasks/migrations/frozen/helpers_v1.sql`), and the create, the claims, the ending and the
 append on them: `agenttasks_create_task_v4`, `agenttasks_claim_v2` (`_tasks_v2`, `_runs_v2`),
 `agenttasks_end_v2` and `agenttasks_append_to_v2`. The notifying triggers of migrations 0002 and
 0006 get functions with the channels of `agenttasks.broker.listen` and the statuses of `states.NOTIFIED`
-written in (`agenttasks/sql/notify_v1.sql`).
+written in (`agenttasks/migrations/frozen/notify_v1.sql`).
 
 The functions they replace stay installed for the code of earlier versions; nothing of this
 version calls them."""
 
 from django.db import migrations
 
-from agenttasks.sql import on_postgres, render
+from agenttasks.sql import frozen, on_postgres
 
 FILES = (
     "helpers_v1.sql",
@@ -59,7 +59,7 @@ DROP FUNCTION agenttasks_new_id_v1(text);
 
 
 def install() -> str:
-    return "\n".join(render(name) for name in FILES)
+    return "\n".join(frozen(name) for name in FILES)
 
 
 class Migration(migrations.Migration):

@@ -1,3 +1,5 @@
+from collections.abc import Iterable, Iterator
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -37,6 +39,32 @@ class TaskQuerySet(models.QuerySet["Task"]):
     def spawned_from(self, conversation_id: str) -> "TaskQuerySet":
         """Return tasks a conversation spawned, delegates (which their caller drives) excluded."""
         return self.filter(parent_conversation_id=conversation_id).exclude(kind=TaskKind.DELEGATE)
+
+    def tree_edges(self) -> "TaskQuerySet":
+        """Return the tasks that are edges of a conversation tree: a hidden conversation whose
+        parent is the conversation that spawned it (what a delete takes with it)."""
+        return self.filter(
+            conversation__hidden=True, conversation__parent_id=models.F("parent_conversation_id")
+        )
+
+    def levels_below(self, roots: Iterable[str]) -> Iterator[list["Task"]]:
+        """Yield the tasks of this queryset spawned below `roots`, one level at a time.
+
+        A level is the tasks spawned from the previous level's conversations; the walk follows
+        only the tasks this queryset holds, and reaches each conversation once.
+        """
+        frontier = list(roots)
+        seen = set(frontier)
+        while frontier:
+            level: list[Task] = []
+            for task in self.filter(parent_conversation_id__in=frontier):
+                if task.conversation_id not in seen:
+                    seen.add(task.conversation_id)
+                    level.append(task)
+            if not level:
+                return
+            yield level
+            frontier = [task.conversation_id for task in level]
 
     def newest_first(self) -> "TaskQuerySet":
         return self.order_by("-created_at", "-id")

@@ -37,8 +37,8 @@ from ..models import (
     TaskResult,
     Wakeup,
 )
-from ..states import LIVE, RUN_ACTIVE, TERMINAL, WakeupState
-from ..store import files
+from ..states import TERMINAL, WakeupState
+from ..store import deletion, files
 
 logger = logging.getLogger(__name__)
 
@@ -210,19 +210,12 @@ def _trees(roots: list[str]) -> dict[str, list[str]]:
     """Each root's tree, root first, over live edges (as store.conversation_tree)."""
     trees = {root: [root] for root in roots}
     owner = {root: root for root in roots}
-    frontier = list(roots)
-    while frontier:
-        edges = Task.objects.filter(
-            parent_conversation_id__in=frontier,
-            conversation__hidden=True,
-            conversation__parent_id=models.F("parent_conversation_id"),
-        ).values_list("parent_conversation_id", "conversation_id")
-        frontier = []
-        for parent, child in edges:
-            if child not in owner:
-                owner[child] = owner[parent]
-                trees[owner[child]].append(child)
-                frontier.append(child)
+    edges = Task.objects.tree_edges().only("parent_conversation_id", "conversation_id")
+    for level in edges.levels_below(roots):
+        for edge in level:
+            parent = str(edge.parent_conversation_id)  # reached from it: never None
+            owner[edge.conversation_id] = owner[parent]
+            trees[owner[edge.conversation_id]].append(edge.conversation_id)
     return trees
 
 
@@ -234,14 +227,14 @@ def _busy(ids: list[str]) -> set[str]:
             Conversation.objects.being_deleted().filter(pk__in=chunk).values_list("pk", flat=True)
         )
         busy.update(
-            Run.objects.filter(conversation_id__in=chunk, status__in=RUN_ACTIVE).values_list(
-                "conversation_id", flat=True
-            )
+            Run.objects.active()
+            .filter(conversation_id__in=chunk)
+            .values_list("conversation_id", flat=True)
         )
         busy.update(
-            Task.objects.filter(conversation_id__in=chunk, status__in=LIVE).values_list(
-                "conversation_id", flat=True
-            )
+            Task.objects.live()
+            .filter(conversation_id__in=chunk)
+            .values_list("conversation_id", flat=True)
         )
         busy.update(
             Wakeup.objects.filter(conversation_id__in=chunk, state=WakeupState.PENDING).values_list(
@@ -260,20 +253,16 @@ def _mark(trees: dict[str, list[str]]) -> dict[str, list[str]]:
     """Mark the trees deleting (no new work starts there); keep those still finished after."""
     now = timezone.now()
     ids = [c for tree in trees.values() for c in tree]
-    for chunk in _chunks(ids):
-        Conversation.objects.visible().filter(pk__in=chunk).update(deleting_at=now)
     # Work that started between the check and the mark: leave that tree alone.
     marked: set[str] = set()
     for chunk in _chunks(ids):
-        marked.update(
-            Conversation.objects.filter(pk__in=chunk, deleting_at=now).values_list("pk", flat=True)
-        )
+        marked.update(deletion.mark_expired(list(chunk), now))
     active: set[str] = set()
     for chunk in _chunks(ids):
         active.update(
-            Run.objects.filter(conversation_id__in=chunk, status__in=RUN_ACTIVE).values_list(
-                "conversation_id", flat=True
-            )
+            Run.objects.active()
+            .filter(conversation_id__in=chunk)
+            .values_list("conversation_id", flat=True)
         )
     kept: dict[str, list[str]] = {}
     released: list[str] = []
@@ -283,7 +272,7 @@ def _mark(trees: dict[str, list[str]]) -> dict[str, list[str]]:
         else:
             kept[root] = tree
     for chunk in _chunks(released):
-        Conversation.objects.filter(pk__in=chunk, deleting_at=now).update(deleting_at=None)
+        deletion.release_marks(list(chunk), now)
     return kept
 
 

@@ -19,7 +19,7 @@ from ..conf import app_settings
 from ..exceptions import TaskError
 from ..lifecycle.escalation import escalation_path
 from ..models import PendingAction, Run, Task
-from ..states import LIVE, TERMINAL, RunStatus, StopReason, TaskStatus
+from ..states import TERMINAL, RunStatus, StopReason, TaskStatus
 from ..tools import ToolResult, ToolSpec
 from .base import RunStopped
 from .budget import BUDGET_PATTERN, CallerLink
@@ -380,7 +380,9 @@ class Dispatcher(threading.Thread):
     def stop(self) -> None:
         """Stop, the caller being told to stop now: start nothing more and stop every live child."""
         self._stopping = True
-        live = Task.objects.filter(
-            parent_conversation_id=self.ctx.conversation_id, kind=DELEGATE, status__in=LIVE
-        ).values_list("id", flat=True)
+        live = (
+            Task.objects.live()
+            .filter(parent_conversation_id=self.ctx.conversation_id, kind=DELEGATE)
+            .values_list("id", flat=True)
+        )
         stop_children(list(live))

@@ -1,16 +1,17 @@
-"""The SQL the migrations install on PostgreSQL: one file per version of a function.
+"""The SQL the migrations install on PostgreSQL: one template per version of a function.
 
-A later migration adds a file with the next version (`_v2`) instead of rewriting one that a
-database may already hold; the version it replaces moves to `agenttasks/migrations/sql/`, read
-only by the migration that installed it.
-
-What SQL and Python share is written into a file when a migration installs it (`render`), so each
-has one source: `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs of
+What SQL and Python share is written into a template from Python (`render`), so each has one
+source: `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs of
 states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames), `:id_length` and
 `:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue table),
-`:runs_channel` (the channel worker processes listen on) and the channels of agenttasks.broker.listen
-(`:events_channel`, `:stop_channel`, `:task_ended_channel`). Migrations load it once the app
-registry is ready (it reads django-q2's model).
+`:runs_channel` (the channel worker processes listen on) and the channels of
+agenttasks.broker.listen (`:events_channel`, `:stop_channel`, `:task_ended_channel`).
+
+A migration never renders: it runs the text frozen in `agenttasks/migrations/frozen/` when it was
+made (`frozen`), so a fresh database gets what an upgraded one got, whatever today's code says.
+A test renders each current template and compares it with its frozen text: when a constant
+changes, the function gets a new version (`_v2`), frozen by `python manage.py freeze_sql`, and a
+migration that installs it. A replaced version's template goes; its frozen text stays.
 """
 
 import json
@@ -18,18 +19,17 @@ from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
 
-from ..broker.listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
-from ..broker.queue import ORMQ_TABLE, RUNS_CHANNEL
-from ..ids import ALPHABET, ID_LENGTH
-from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
-
-HISTORY = files("agenttasks.migrations").joinpath("sql")
+FROZEN = files("agenttasks.migrations").joinpath("frozen")
 
 
-def read(name: str) -> str:
-    """Return the text of a `.sql` file: a current version, or one that a later one replaced."""
-    path = files(__package__).joinpath(name)
-    return (path if path.is_file() else HISTORY.joinpath(name)).read_text(encoding="utf-8")
+def frozen(name: str) -> str:
+    """Return the SQL a migration runs: the text of `name` as it was rendered when frozen."""
+    return FROZEN.joinpath(name).read_text(encoding="utf-8")
+
+
+def templates() -> list[str]:
+    """Name the templates of the current versions."""
+    return sorted(p.name for p in files(__package__).iterdir() if p.name.endswith(".sql"))
 
 
 def _literals(values) -> str:
@@ -38,6 +38,13 @@ def _literals(values) -> str:
 
 def constants() -> dict[str, str]:
     """Return the SQL text of each constant that SQL and Python share, by placeholder."""
+    # Imported here: a migration imports this package, and the rest of agenttasks is not its floor.
+    from ..broker.listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
+    from ..broker.queue import ORMQ_TABLE, RUNS_CHANNEL
+    from ..ids import ALPHABET, ID_LENGTH
+    from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
+
+    renamed = {t: trigger_name(t) for t in RunTrigger if trigger_name(t) != t}
     return {
         ":events_channel": f"'{EVENTS_CHANNEL}'",
         ":allowed": _literals(f"{src}>{dst}" for src, dst in TRANSITIONS if src is not None),
@@ -49,19 +56,13 @@ def constants() -> dict[str, str]:
         ":runs_channel": f"'{RUNS_CHANNEL}'",
         ":stop_channel": f"'{STOP_CHANNEL}'",
         ":task_ended_channel": f"'{TASK_ENDED_CHANNEL}'",
-        ":trigger_names": f"'{json.dumps(_renamed_triggers())}'",
-    }
-
-
-def _renamed_triggers() -> dict[str, str]:
-    return {
-        trigger: trigger_name(trigger) for trigger in RunTrigger if trigger_name(trigger) != trigger
+        ":trigger_names": f"'{json.dumps(renamed)}'",
     }
 
 
 def render(name: str) -> str:
-    """Return a `.sql` file with the shared constants written in."""
-    text = read(name)
+    """Return a current template with today's shared constants written in."""
+    text = files(__package__).joinpath(name).read_text(encoding="utf-8")
     # Longest first, so that no placeholder is the start of another one.
     for placeholder, value in sorted(constants().items(), key=lambda item: -len(item[0])):
         text = text.replace(placeholder, value)

@@ -4,6 +4,8 @@ The mark is durable: a tree whose delete died halfway stays marked (hidden from 
 counted by no limit) until a repeated delete or the reaper's pass finishes it.
 """
 
+from datetime import datetime
+
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -19,19 +21,9 @@ def conversation_tree(root_id: str) -> list[str]:
     A child is the conversation of a task spawned from the current conversation that is hidden
     and names the current conversation as its parent; anything else a task row says is ignored.
     """
-    reached, frontier = [root_id], [root_id]
-    seen = {root_id}
-    while frontier:
-        children = list(
-            Task.objects.filter(
-                parent_conversation_id__in=frontier,
-                conversation__hidden=True,
-                conversation__parent_id=models.F("parent_conversation_id"),
-            ).values_list("conversation_id", flat=True)
-        )
-        frontier = [c for c in children if c not in seen]
-        seen.update(frontier)
-        reached.extend(frontier)
+    reached = [root_id]
+    for level in Task.objects.tree_edges().only("conversation_id").levels_below([root_id]):
+        reached.extend(task.conversation_id for task in level)
     return reached
 
 
@@ -43,6 +35,19 @@ def mark_deleting(root_id: str) -> list[str]:
         tree = conversation_tree(root_id)
         Conversation.objects.visible().filter(pk__in=tree).update(deleting_at=timezone.now())
     return tree
+
+
+def mark_expired(ids: list[str], now: datetime) -> set[str]:
+    """Mark expired conversations deleting as of `now` (retention); return those the mark holds."""
+    Conversation.objects.visible().filter(pk__in=ids).update(deleting_at=now)
+    return set(
+        Conversation.objects.filter(pk__in=ids, deleting_at=now).values_list("pk", flat=True)
+    )
+
+
+def release_marks(ids: list[str], now: datetime) -> None:
+    """Take back the marks made as of `now` on conversations that work reached meanwhile."""
+    Conversation.objects.filter(pk__in=ids, deleting_at=now).update(deleting_at=None)
 
 
 @retried

@@ -268,14 +268,10 @@ def held(run: Run) -> bool:
 
 def pending_actions_below(conversation_id: str) -> PendingActionQuerySet:
     """Return the pending actions of a conversation and of its delegate descendants, oldest first."""
-    tree, frontier = [conversation_id], [conversation_id]
-    while frontier:
-        frontier = list(
-            Task.objects.filter(parent_conversation_id__in=frontier, kind=TaskKind.DELEGATE)
-            .exclude(conversation_id__in=tree)
-            .values_list("conversation_id", flat=True)
-        )
-        tree.extend(frontier)
+    delegates = Task.objects.filter(kind=TaskKind.DELEGATE).only("conversation_id")
+    tree = [conversation_id]
+    for level in delegates.levels_below([conversation_id]):
+        tree.extend(task.conversation_id for task in level)
     return (
         PendingAction.objects.open().filter(conversation_id__in=tree).order_by("created_at", "id")
     )

@@ -17,6 +17,7 @@ from rest_framework.views import set_rollback
 
 from ..conf import app_settings
 from ..exceptions import (
+    ActionNotFound,
     ActionPending,
     ActionResolved,
     ActiveTaskLimit,
@@ -118,6 +119,8 @@ def _words(exc: TaskError) -> tuple[str, dict | None]:
             return f"Task not found: {task_id}", None
         case ConversationNotFound(conversation_id=conversation_id) if conversation_id:
             return f"Conversation not found: {conversation_id}", None
+        case ActionNotFound(action_id=action_id) if action_id:
+            return f"Action not found: {action_id}", None
         case TaskLimit(limit=limit):
             return (
                 f"The conversation that spawned this task already has {limit} tasks running; "

@@ -1,7 +1,10 @@
-"""What the SQL functions share with Python comes from Python (`agenttasks.sql.render`)."""
+"""What the SQL functions share with Python comes from Python, and what a migration runs is frozen.
+
+`agenttasks.sql.render` writes today's constants into a template; a migration runs the text frozen
+when it was made (agenttasks/migrations/frozen/), so today's rendering must equal it for every
+current version. When it does not, a constant changed: the function needs a new version."""
 
 import re
-from importlib.resources import files
 
 import pytest
 
@@ -16,16 +19,31 @@ from ..factories import ConversationFactory
 PLACEHOLDER = re.compile(r"(?<![:\w]):[a-z_]+\b")
 
 
-def sql_files() -> list[str]:
-    """Name every version, current (agenttasks/sql/) or replaced (agenttasks/migrations/sql/)."""
-    folders = (files("agenttasks.sql"), sql.HISTORY)
-    return sorted(p.name for folder in folders for p in folder.iterdir() if p.name.endswith(".sql"))
+def frozen_files() -> list[str]:
+    """Name every frozen version, current or replaced."""
+    return sorted(p.name for p in sql.FROZEN.iterdir() if p.name.endswith(".sql"))
 
 
-@pytest.mark.parametrize("name", sql_files())
-def test_every_placeholder_of_a_file_is_written_in(name):
-    rendered = re.sub(r"--[^\n]*", "", sql.render(name))  # comments may name placeholders
-    assert PLACEHOLDER.findall(rendered) == []
+@pytest.mark.parametrize("name", frozen_files())
+def test_every_placeholder_of_a_frozen_file_is_written_in(name):
+    text = re.sub(r"--[^\n]*", "", sql.frozen(name))  # comments may name placeholders
+    assert PLACEHOLDER.findall(text) == []
+
+
+@pytest.mark.parametrize("name", sql.templates())
+def test_rendering_a_current_version_today_equals_its_frozen_text(name):
+    assert name in frozen_files(), f"freeze it: python manage.py freeze_sql {name}"
+    assert sql.render(name) == sql.frozen(name), (
+        f"a constant that {name} writes in changed since it was frozen: add the next version "
+        "of the function, freeze it and install it in a new migration"
+    )
+
+
+def test_a_changed_constant_is_caught(monkeypatch):
+    """The comparison above can fail: a status added to LIVE changes what end_v2 renders."""
+    changed = {**sql.constants(), ":live": "'paused'"}
+    monkeypatch.setattr(sql, "constants", lambda: changed)
+    assert sql.render("end_v2.sql") != sql.frozen("end_v2.sql")
 
 
 def test_the_trigger_names_are_states_trigger_name():

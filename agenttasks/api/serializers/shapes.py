@@ -18,7 +18,6 @@ from ...conf import app_settings
 from ...lifecycle import escalation
 from ...models import Comment, Conversation, Event, PendingAction, Run, Task, TaskResult
 from ...states import (
-    RUN_ACTIVE,
     RUN_ENDED,
     TERMINAL,
     ActionStatus,
@@ -378,9 +377,9 @@ def active_run_id(conversation: Conversation) -> str | None:
     runs = getattr(conversation, "active_runs", None)
     if runs is None:
         runs = list(
-            Run.objects.filter(conversation_id=conversation.id, status__in=RUN_ACTIVE).order_by(
-                "-created_at", "-id"
-            )[:1]
+            Run.objects.active()
+            .filter(conversation_id=conversation.id)
+            .order_by("-created_at", "-id")[:1]
         )
     return runs[0].id if runs else None
 

@@ -55,13 +55,13 @@ class ActionView(ApiView):
         if action is not None and not escalation.answerable_through(action, conversation.id):
             action = None
         if action is None:
-            raise errors.not_found(f"Action not found: {actionId}")
+            raise errors.refusal(ActionNotFound(actionId))
         answer = s.ActionAnswerSerializer.validated(self.body, action=action)
         resolution = {**answer, "decided_by": self.principal()}
         try:
             task = lifecycle.resolve_as_person(action.id, resolution)
         except (ActionNotFound, TaskNotFound, RunNotFound):
-            raise errors.not_found(f"Action not found: {actionId}") from None
+            raise errors.refusal(ActionNotFound(actionId)) from None
         action.refresh_from_db()
         out = {"action": s.PendingActionSerializer.present(action)}
         if task is not None:

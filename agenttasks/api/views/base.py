@@ -8,6 +8,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
 
 from ... import registry
+from ...exceptions import ConversationNotFound, TaskNotFound
 from ...models import Conversation, File, Task
 from ...toolkit import body, errors
 from ...toolkit.identity import check_owner, user_of
@@ -106,7 +107,7 @@ class ApiView(AppPolicies):
         rows = queryset if queryset is not None else task_rows()
         task = rows.named(task_id)
         if task is None:
-            raise errors.not_found(f"Task not found: {task_id}")
+            raise errors.refusal(TaskNotFound(task_id))
         check_owner(self.request, task.owner_id, "task")
         return task
 
@@ -114,11 +115,11 @@ class ApiView(AppPolicies):
         """Return the conversation named in the path, if the principal owns it (`deleting`: also one
         whose delete has begun)."""
         if not plain_id(conversation_id):
-            raise errors.not_found(f"Conversation not found: {conversation_id}")
+            raise errors.refusal(ConversationNotFound(conversation_id))
         rows = Conversation.objects.all() if deleting else Conversation.objects.visible()
         conversation = rows.filter(pk=conversation_id).first()
         if conversation is None:
-            raise errors.not_found(f"Conversation not found: {conversation_id}")
+            raise errors.refusal(ConversationNotFound(conversation_id))
         check_owner(self.request, conversation.owner_id, "conversation")
         return conversation
 

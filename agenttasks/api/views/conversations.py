@@ -7,7 +7,6 @@ from rest_framework.response import Response
 
 from ... import lifecycle
 from ...models import Conversation, Event, Run
-from ...states import RUN_ACTIVE
 from ...toolkit import errors
 from ...toolkit.cursors import Keyset, keyset_page
 from ...toolkit.cursors import page_body as cursor_page_body
@@ -39,7 +38,7 @@ def conversation_rows():
     return Conversation.objects.prefetch_related(
         Prefetch(
             "runs",
-            queryset=Run.objects.filter(status__in=RUN_ACTIVE).order_by("-created_at", "-id"),
+            queryset=Run.objects.active().order_by("-created_at", "-id"),
             to_attr="active_runs",
         )
     )

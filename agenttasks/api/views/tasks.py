@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from ... import lifecycle
 from ...conf import app_settings
 from ...delivery import callbacks
+from ...exceptions import TaskNotFound
 from ...models import Comment, Conversation, Run, Task, TaskResult
 from ...states import TERMINAL, TaskStatus
 from ...toolkit import caps, errors
@@ -198,7 +199,7 @@ class TaskWaitView(ApiView):
         finally:
             held.release()
         if Conversation.objects.being_deleted().filter(pk=task.conversation_id).exists():
-            raise errors.not_found(f"Task not found: {taskId}")
+            raise errors.refusal(TaskNotFound(taskId))
         result = None
         if include or (not task.summary and task.status == TaskStatus.WAITING_FOR_INPUT):
             result = TaskResult.objects.filter(task_id=task.id).first()

@@ -1,11 +1,11 @@
--- End a run, version 1: store.end as one statement. Record how a run ended (p->'outcome') and
+-- End a run, version 2: store.end as one statement. Record how a run ended (p->'outcome') and
 -- settle its task with p->'ending' (p->'after_turn' instead when the run was asked to stop after
 -- its turn). Returns {"recorded", "task", "run", "conversation", "conversations"}, or
 -- {"missing": true} for an unknown task; an unknown old run records nothing ("recorded": false),
 -- as the ORM path answers. Lock order: task, conversation, run, parent conversation, then
--- actions and wake-ups. It is agenttasks_end of migration 0005, the live statuses written in
--- from Python (agenttasks.sql.render).
-CREATE FUNCTION agenttasks_end_v1(p jsonb) RETURNS jsonb
+-- actions and wake-ups. Version 2 is version 1 on the helpers of
+-- helpers_v1.sql (ids in agenttasks.ids' format).
+CREATE FUNCTION agenttasks_end_v2(p jsonb) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := (p->>'now')::timestamptz;
@@ -33,7 +33,7 @@ BEGIN
         IF v_outcome IS NOT NULL THEN
             SELECT * INTO r FROM agenttasks_run WHERE id = v_run_id FOR NO KEY UPDATE;
             IF FOUND AND r.status IN ('running', 'paused') THEN
-                PERFORM agenttasks_append(agenttasks_record_end(r, v_outcome, v_now), v_now);
+                PERFORM agenttasks_append_v1(agenttasks_record_end_v1(r, v_outcome, v_now), v_now);
                 v_recorded := true;
             END IF;
         END IF;
@@ -48,7 +48,7 @@ BEGIN
         RETURN jsonb_build_object('recorded', false);
     END IF;
     v_recorded := v_outcome IS NOT NULL AND r.status IN ('running', 'paused');
-    IF NOT v_recorded AND t.status NOT IN (:live) THEN
+    IF NOT v_recorded AND t.status NOT IN ('pending', 'running', 'waiting_for_input') THEN
         RETURN jsonb_build_object('recorded', false);
     END IF;
     IF t.parent_conversation_id IS NOT NULL THEN
@@ -56,14 +56,14 @@ BEGIN
            FOR NO KEY UPDATE;
     END IF;
     IF v_recorded THEN
-        v_events := agenttasks_record_end(r, v_outcome, v_now);
+        v_events := agenttasks_record_end_v1(r, v_outcome, v_now);
         SELECT * INTO r FROM agenttasks_run WHERE id = r.id;
     END IF;
     IF p ? 'after_turn' AND r.stop_request = 'after_turn' THEN
         v_ending := p->'after_turn';
     END IF;
-    IF t.status NOT IN (:live) THEN
-        PERFORM agenttasks_append(v_events, v_now);
+    IF t.status NOT IN ('pending', 'running', 'waiting_for_input') THEN
+        PERFORM agenttasks_append_v1(v_events, v_now);
         RETURN jsonb_build_object('recorded', v_recorded, 'conversations', jsonb_build_array(c.id));
     END IF;
     v_status := v_ending->>'status';
@@ -72,11 +72,11 @@ BEGIN
                     ELSE '' END;
     IF r.status IN ('queued', 'paused') THEN
         IF r.status = 'paused' THEN
-            v_events := v_events || agenttasks_cancel_actions(r.id, v_now);
+            v_events := v_events || agenttasks_cancel_actions_v1(r.id, v_now);
         END IF;
         UPDATE agenttasks_run SET status = v_status, ended_at = v_now, error = v_error
          WHERE id = r.id RETURNING * INTO r;
-        v_events := v_events || jsonb_build_array(agenttasks_run_finished(r));
+        v_events := v_events || jsonb_build_array(agenttasks_run_finished_v1(r));
     ELSIF r.status = 'running' AND r.stop_request <> 'now' THEN
         -- Ended from outside (a stop, the reaper, a timeout): the worker aborts.
         UPDATE agenttasks_run SET stop_request = 'now' WHERE id = r.id RETURNING * INTO r;
@@ -99,7 +99,7 @@ BEGIN
     IF jsonb_typeof(v_result) = 'object' THEN
         INSERT INTO agenttasks_taskresult
                (id, task_id, run_id, content, partial, files, metadata, usage, created_at)
-        VALUES (agenttasks_new_id('taskres_'), t.id, v_run_id, v_result->>'content',
+        VALUES (agenttasks_new_id_v1('taskres_'), t.id, v_run_id, v_result->>'content',
                 (v_result->>'partial')::boolean, v_result->'files', v_result->'metadata',
                 nullif(v_result->'usage', 'null'::jsonb), v_now)
         ON CONFLICT (task_id) DO UPDATE
@@ -114,12 +114,12 @@ BEGIN
         INSERT INTO agenttasks_wakeup
                (id, conversation_id, task_id, run_id, status, label, summary, truncated, state,
                 created_at)
-        VALUES (agenttasks_new_id('wake_'), t.parent_conversation_id, t.id, v_run_id, v_status,
+        VALUES (agenttasks_new_id_v1('wake_'), t.parent_conversation_id, t.id, v_run_id, v_status,
                 t.label, t.summary, octet_length(t.result) > octet_length(t.summary), 'pending',
                 v_now);
     END IF;
-    v_events := v_events || agenttasks_status_events(t, v_previous, v_ending->>'reason');
-    PERFORM agenttasks_append(v_events, v_now);
+    v_events := v_events || agenttasks_status_events_v1(t, v_previous, v_ending->>'reason');
+    PERFORM agenttasks_append_v1(v_events, v_now);
     RETURN jsonb_build_object(
         'recorded', v_recorded, 'task', to_jsonb(t), 'run', to_jsonb(r),
         'conversation', to_jsonb(c),

@@ -20,7 +20,7 @@ BEGIN
         IF (SELECT count(*) FROM agenttasks_task t
               JOIN agenttasks_conversation c ON c.id = t.conversation_id
              WHERE t.owner_id = v_owner::integer
-               AND t.status IN (:live)
+               AND t.status IN ('pending', 'running', 'waiting_for_input')
                AND t.kind <> 'delegate' AND c.deleting_at IS NULL) >= p_owner_limit THEN
             RETURN 'owner_limit';
         END IF;
@@ -33,7 +33,7 @@ BEGIN
         END IF;
         IF p_parent_cap > 0 AND (SELECT count(*) FROM agenttasks_task
               WHERE parent_conversation_id = v_parent_id
-                AND status IN (:live)
+                AND status IN ('pending', 'running', 'waiting_for_input')
                 AND kind <> 'delegate') >= p_parent_cap THEN
             RETURN 'parent_cap';
         END IF;
@@ -46,11 +46,11 @@ BEGIN
         SELECT * FROM jsonb_populate_record(NULL::agenttasks_task, p_task);
     PERFORM agenttasks_append(p_events, (p_task->>'created_at')::timestamptz);
     IF jsonb_typeof(p_job) = 'object' THEN
-        INSERT INTO :ormq (key, payload, lock)
+        INSERT INTO django_q_ormq (key, payload, lock)
         VALUES (p_job->>'key', p_job->>'payload', (p_job->>'lock')::timestamptz);
     END IF;
     IF p_notify THEN
-        PERFORM pg_notify(:runs_channel, '');
+        PERFORM pg_notify('agenttasks_runs', '');
     END IF;
     RETURN 'created';
 END
