@@ -12,6 +12,7 @@ from .compat import django_q
 from .conf import DEFAULTS, app_settings
 from .execution import forking
 from .execution.worker import slots_per_process
+from .flow import budgets
 
 REQUIRED_APPS = ("rest_framework", "django_q")
 
@@ -199,6 +200,19 @@ def check_fork_safety(app_configs=None, **kwargs):
             id="agenttasks.E005",
         )
         for alias in unresettable_pools(connections.all())
+    ]
+
+
+@register()
+def check_model_limits(app_configs=None, **kwargs):
+    """Check MODEL_LIMITS: a dict of endpoint names to positive limits."""
+    return [
+        Error(
+            problem,
+            hint="See docs/operating.md#meeting-your-providers-limits.",
+            id="agenttasks.E007",
+        )
+        for problem in budgets.problems(app_settings.MODEL_LIMITS)
     ]
 
 

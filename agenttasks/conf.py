@@ -27,6 +27,7 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "SLOT_LEASE_SECONDS": 30,
     "CALLBACK_TIMEOUT": 10,
     "MODEL_TIMEOUT": 120,
+    "PROVIDER_PATIENCE": 300,
     "DELEGATION_MAX_DEPTH": 3,
     "DELEGATION_MAX_PARALLEL": 8,
     "DELEGATION_WAIT_POLL": 0.5,
@@ -88,6 +89,9 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_API_KEY": None,
     "DEFAULT_MODEL": None,
     "MODEL_HEADERS": {},
+    # Each model endpoint's limits, shared by the cluster (docs/operating.md#meeting-your-providers-limits):
+    # {"default": {"requests_per_minute": 3000, "tokens_per_minute": 1_000_000, "concurrent": 50}}.
+    "MODEL_LIMITS": {},
     # Operating (docs/rest.md#health-and-metrics, docs/lifecycle.md#retention).
     "HEALTH_TOKEN": None,
     "METRICS_ENABLED": False,

@@ -52,6 +52,8 @@ class AgentDef:
     metadata: dict = field(default_factory=dict)
     stream: bool = True  # chat: ask for a streamed completion (message.delta to live readers)
     timeout_seconds: float | None = None
+    endpoint: str = "default"  # chat: whose limits its requests draw from (MODEL_LIMITS)
+    patience_seconds: float | None = None  # chat: the longest wait for the provider's limits
 
     @property
     def timeout(self) -> float:
@@ -150,11 +152,19 @@ def _check_hitl(agent_id: str, hitl) -> dict:
     return dict(hitl)
 
 
-def _check_timeout(agent_id: str, value) -> float | None:
+def _check_seconds(agent_id: str, name: str, value) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise _fail(agent_id, f"timeout_seconds has an invalid value {value!r}")
+        raise _fail(agent_id, f"{name} has an invalid value {value!r}")
+    return value
+
+
+def _check_endpoint(agent_id: str, value) -> str:
+    if value is None:
+        return "default"
+    if not isinstance(value, str) or not ID_RE.match(value):
+        raise _fail(agent_id, f"endpoint: invalid name {value!r}")
     return value
 
 
@@ -221,7 +231,11 @@ def build(agent_id: str, **fields) -> AgentDef:
         mcp=bool(fields.get("mcp", True)),
         metadata=dict(fields.get("metadata") or {}),
         stream=stream,
-        timeout_seconds=_check_timeout(agent_id, fields.get("timeout_seconds")),
+        timeout_seconds=_check_seconds(agent_id, "timeout_seconds", fields.get("timeout_seconds")),
+        endpoint=_check_endpoint(agent_id, fields.get("endpoint")),
+        patience_seconds=_check_seconds(
+            agent_id, "patience_seconds", fields.get("patience_seconds")
+        ),
     )
 
 

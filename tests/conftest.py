@@ -23,7 +23,7 @@ from .factories import ConversationFactory, RunFactory, UserFactory
 # triggers, the deliveries and wake-ups they owe, metrics kept by triggers. The differential test
 # (tests/store/test_differential.py) proves the two store paths give the same answers and rows,
 # so the surfaces above the store run once. AGENTTASKS_EVERY_TEST=1 runs everything on both.
-BOTH_FOLDERS = {"store", "execution", "chaos", "lifecycle", "delivery", "operations"}
+BOTH_FOLDERS = {"store", "execution", "chaos", "lifecycle", "delivery", "operations", "flow"}
 # Real clusters are timing-sensitive (leases of seconds): they run after the parallel part, one
 # test at a time, as do the modules marked `serial` (browsers, the demo, bare django-q2 clusters).
 SERIAL_FIXTURES = {"start_cluster"}

@@ -146,6 +146,7 @@ class Request:
         self.json = json.loads(raw.decode()) if raw else {}
         self._sock = sock
         self.answered = threading.Event()
+        self.arrived = time.monotonic()
 
     @property
     def model(self) -> str:

@@ -29,6 +29,7 @@ FLOORS = [
     ["broker"],
     ["sql", "store"],
     ["operations"],
+    ["flow"],
     ["delivery"],
     ["lifecycle"],
     ["runtime"],

@@ -6,6 +6,7 @@ from .conversation import RESERVED_METADATA, Conversation, Event
 from .delivery import Delivery
 from .file import File
 from .idempotency import IdempotencyKey
+from .limits import ProviderBudget, ProviderPermit
 from .ops import Counter, ReaperPass, TaskCount, WorkerProcess
 from .run import Run
 from .slot import Slot
@@ -24,6 +25,8 @@ __all__ = [
     "File",
     "IdempotencyKey",
     "PendingAction",
+    "ProviderBudget",
+    "ProviderPermit",
     "ReaperPass",
     "Run",
     "Slot",

@@ -36,6 +36,11 @@ COUNTERS = {
     "agenttasks_orphans_failed_total": "Runs the reaper failed because their lease expired.",
     "agenttasks_callbacks_total": "Callbacks sent, by outcome (delivered or failed).",
     "agenttasks_model_requests_total": "Model-server requests, by outcome.",
+    "agenttasks_provider_permits_total": "Model requests that got their turn, by endpoint.",
+    "agenttasks_provider_waits_total": "Model requests that waited for their turn, by endpoint.",
+    "agenttasks_provider_wait_seconds_total": "Seconds model requests waited for their turn.",
+    "agenttasks_provider_refusals_total": "Refusals (429, 503) a provider answered, by endpoint.",
+    "agenttasks_provider_patience_ran_out_total": "Runs failed waiting on a limit, by endpoint.",
     "agenttasks_tokens_total": "Tokens runs spent, by agent and kind (input, output, total).",
 }
 

@@ -11,16 +11,19 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import httpx
+from django.utils import timezone
 
 from .. import __version__
 from ..conf import app_settings
+from ..flow import budgets, hints
 from ..operations import metrics
-from .base import RunContext, RunStopped
+from .base import RunContext, RunStopped, release_connection
 from .budget import Budget, BudgetExceeded
 from .streaming import Accumulator, StreamError
 
@@ -35,15 +38,29 @@ NO_MODEL = (
     'No model configured for agent "{id}": set AGENTTASKS["DEFAULT_MODEL"] or the agent\'s model'
 )
 POLL = 0.05  # how often a run waiting on its inline children looks at their progress
+BUSY_POLL = (0.05, 1.0)  # a full concurrency limit: the first wait for a permit, the longest
+RETRY_AFTER_CAP = 30.0  # seconds: the longest wait before a retry that is not for a limit
+PATIENCE_TEXT = (
+    "The model provider's rate limit kept this run waiting longer than its patience "
+    '({patience:g}s) on endpoint "{endpoint}"'
+)
 
 
 class ModelError(Exception):
     """A model-server failure; its message is the run's error (docs/delegation.md#model-server-errors)."""
 
-    def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        limited: bool = False,
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.limited = limited  # the provider's "later": a 429, or a 503 that says when
 
 
 @dataclass
@@ -82,22 +99,18 @@ def _detail(response: httpx.Response) -> str:
     return detail[:500] + "…" if len(detail) > 500 else detail
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return min(float(response.headers.get("Retry-After", "")), 30.0)
-    except ValueError:
-        return None
-
-
 def parse_response(response: httpx.Response) -> Response:
     """Read choices[0].message and usage from a response, or raise the ModelError of docs/delegation.md#model-server-errors."""
     if not 200 <= response.status_code < 300:
         detail = _detail(response)
         head = f"Model server returned HTTP {response.status_code}"
+        wait = hints.retry_after(response.headers)
         raise ModelError(
             f"{head}: {detail}" if detail else head,
             retryable=response.status_code in RETRY_STATUSES,
-            retry_after=_retry_after(response),
+            retry_after=wait,
+            limited=response.status_code == 429
+            or (response.status_code == 503 and wait is not None),
         )
     try:
         data = json.loads(response.content)
@@ -245,6 +258,8 @@ class Config:
     model: str
     timeout: float
     retries: int
+    endpoint: str = "default"
+    patience: float = 300.0
 
 
 def config(agent) -> Config:
@@ -270,10 +285,19 @@ def config(agent) -> Config:
         model=model,
         timeout=float(app_settings.MODEL_TIMEOUT),
         retries=int(app_settings.MODEL_RETRIES),
+        endpoint=getattr(agent, "endpoint", "default"),
+        patience=float(getattr(agent, "patience_seconds", None) or app_settings.PROVIDER_PATIENCE),
     )
 
 
 # --- one run's requests ----------------------------------------------------------------------
+
+
+def estimated_tokens(body: bytes, params: dict) -> int:
+    """Estimate a request's tokens before it is sent: about four bytes a prompt token, plus
+    the completion it allows (the usage the provider reports corrects it)."""
+    completion = params.get("max_completion_tokens") or params.get("max_tokens") or 0
+    return len(body) // 4 + (completion if isinstance(completion, int) else 0)
 
 
 class ModelClient:
@@ -296,21 +320,76 @@ class ModelClient:
         if on_delta is not None:
             params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         body = request_body(self.config.model, messages, tools, params)
+        estimate = estimated_tokens(body, params)
+        patience_ends = time.monotonic() + self.config.patience
         attempt = 0
         while True:
+            turn = self._turn(estimate, patience_ends)
             try:
                 response = self._send(body, on_delta)
             except ModelError as exc:
+                self._budget(budgets.release, turn)
                 metrics.count("agenttasks_model_requests_total", outcome="error")
+                if exc.limited:
+                    # Not a failure: the whole cluster slows down, and this request waits its
+                    # turn again (its patience bounds how long).
+                    metrics.count("agenttasks_provider_refusals_total", endpoint=turn.endpoint)
+                    self._budget(budgets.refused, turn.endpoint, exc.retry_after)
+                    continue
                 if not exc.retryable or attempt >= self.config.retries:
                     raise
                 attempt += 1
-                delay = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
+                delay = min(exc.retry_after or 0.5 * 2 ** (attempt - 1), RETRY_AFTER_CAP)
                 logger.info("chat.retry run=%s attempt=%d error=%s", self.ctx.run_id, attempt, exc)
                 self._sleep(delay)
+            except BaseException:
+                self._budget(budgets.release, turn)
+                raise
             else:
+                self._budget(budgets.release, turn, response.usage.get("total_tokens") or None)
                 metrics.count("agenttasks_model_requests_total", outcome="ok")
                 return response
+
+    def _turn(self, estimate: int, patience_ends: float) -> budgets.Reservation:
+        """Wait for this request's turn in its endpoint's shared budget; return its reservation.
+
+        The wait holds no database connection; a stop ends it. A turn beyond the run's patience
+        fails the run, saying it was the provider's limit.
+        """
+        busy_wait = BUSY_POLL[0]
+        while True:
+            turn = self._budget(
+                budgets.reserve, self.config.endpoint, estimate, self.config.timeout
+            )
+            delay = busy_wait if turn.busy else (turn.start - timezone.now()).total_seconds()
+            if delay <= 0:
+                metrics.count("agenttasks_provider_permits_total", endpoint=turn.endpoint)
+                return turn
+            if time.monotonic() + delay > patience_ends:
+                self._budget(budgets.release, turn)
+                metrics.count("agenttasks_provider_patience_ran_out_total", endpoint=turn.endpoint)
+                raise ModelError(
+                    PATIENCE_TEXT.format(patience=self.config.patience, endpoint=turn.endpoint)
+                )
+            metrics.count("agenttasks_provider_waits_total", endpoint=turn.endpoint)
+            metrics.count("agenttasks_provider_wait_seconds_total", delay, endpoint=turn.endpoint)
+            try:
+                self._sleep(delay)
+            except BaseException:
+                self._budget(budgets.release, turn)
+                raise
+            if not turn.busy:
+                metrics.count("agenttasks_provider_permits_total", endpoint=turn.endpoint)
+                return turn
+            busy_wait = min(busy_wait * 2, BUSY_POLL[1])
+
+    @staticmethod
+    def _budget(verb, *args):
+        """Run one of the budget's verbs, then give the connection back (the run waits next)."""
+        try:
+            return verb(*args)
+        finally:
+            release_connection()
 
     def _sleep(self, seconds: float) -> None:
         left, budget_text = self.budget.wall_deadline()

@@ -12,7 +12,7 @@ import pytest
 
 from agenttasks import lifecycle
 from agenttasks.execution import worker
-from agenttasks.models import Event, PendingAction, Run
+from agenttasks.models import Event, PendingAction, ProviderBudget, Run
 from agenttasks.runtime import model_client
 
 from ..conftest import wait_for
@@ -451,14 +451,15 @@ def test_s28_non_2xx_answers_fail_the_run(model, agents, user, recording_queue, 
     assert done.run.turns == 1
 
 
-BUSY = http(503, "busy", {"Retry-After": "0"})
+BUSY = http(503, "busy", {"Retry-After": "0"})  # a limit: the provider says when to come back
+OUTAGE = http(503, "busy")  # a failure that may pass: retried MODEL_RETRIES times
 
 
 @pytest.mark.parametrize(
     "replies, status, text, requests",
     [
         ([BUSY, BUSY, answer("ok")], "completed", "ok", 3),
-        ([BUSY, BUSY, BUSY, BUSY], "failed", "Model server returned HTTP 503: busy", 3),
+        ([OUTAGE, OUTAGE, OUTAGE, OUTAGE], "failed", "Model server returned HTTP 503: busy", 3),
         ([http(429, "", {"Retry-After": "0"}), answer("ok")], "completed", "ok", 2),
         ([http(400, "bad"), answer("ok")], "failed", "Model server returned HTTP 400: bad", 1),
     ],
@@ -472,6 +473,49 @@ def test_s29_retries(model, agents, user, recording_queue, replies, status, text
     assert (done.result if status == "completed" else done.error) == text
     assert server.served["m-plain"] == requests
     assert done.run.turns == 1
+
+
+def test_a_providers_limit_is_waited_out_not_counted_as_a_retry(
+    model, agents, user, recording_queue
+):
+    """Five 429s in a row with MODEL_RETRIES=1: each is the provider's "later", not a failure."""
+    model.set(MODEL_RETRIES=1)
+    agents("plain", model="m-plain")
+    limit = http(429, "slow down", {"Retry-After": "0"})
+    server = model.script(sequence(limit, limit, limit, limit, limit, answer("ok")))
+    done = refresh(task_for_and_run(user, "plain", recording_queue))
+    assert (done.status, done.result) == ("completed", "ok")
+    assert server.served["m-plain"] == 6
+    budget = ProviderBudget.objects.get(pk="default")
+    assert budget.refusals == 5 and budget.learned_rate is not None
+
+
+def test_a_run_whose_patience_runs_out_fails_saying_it_was_the_limit(
+    model, agents, user, recording_queue
+):
+    agents("plain", model="m-plain", patience_seconds=1)
+    server = model.script(lambda r: http(429, "slow down", {"Retry-After": "30"}))
+    started = time.monotonic()
+    done = refresh(task_for_and_run(user, "plain", recording_queue))
+    assert time.monotonic() - started < 10  # it does not wait the 30 s it could not afford
+    assert done.status == "failed"
+    assert done.error == (
+        "The model provider's rate limit kept this run waiting longer than its patience (1s) "
+        'on endpoint "default"'
+    )
+    assert server.served["m-plain"] == 1
+
+
+def test_an_agents_endpoint_draws_from_its_own_limits(model, agents, user, recording_queue):
+    model.set(MODEL_LIMITS={"slow": {"requests_per_minute": 60}})
+    agents("plain", model="m-plain", endpoint="slow")
+    server = model.script(lambda r: answer("ok"))
+    for _ in range(2):
+        refresh(task_for_and_run(user, "plain", recording_queue))
+    arrivals = [r.arrived for r in server.requests]
+    assert arrivals[1] - arrivals[0] >= 0.95  # one a second
+    assert ProviderBudget.objects.filter(pk="slow").exists()
+    assert not ProviderBudget.objects.filter(pk="default").exists()
 
 
 def test_s29_retry_delay_follows_the_backoff_without_retry_after(

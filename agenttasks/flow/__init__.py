@@ -1,0 +1,1 @@
+"""Flow control: the model providers' limits shared by the cluster (docs/operating.md#meeting-your-providers-limits)."""

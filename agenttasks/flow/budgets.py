@@ -1,0 +1,192 @@
+"""The shared budget of each model endpoint: every request of the cluster reserves its start here.
+
+A reservation is a short transaction on the endpoint's row (`ProviderBudget`, locked with
+select_for_update, no lock held while the model answers): the request may start at the later of
+now, the endpoint's next free start, the time its tokens are free again, and the end of a pause a
+refusal asked for; the next free start moves on by one request's share of the rate. So the
+cluster's starts are spaced by the endpoint's rate whatever the number of processes and nodes,
+and a run that must wait knows how long at once (it waits in its slot, holding no connection).
+
+The rate is the endpoint's `requests_per_minute` (MODEL_LIMITS), or the one its refusals taught
+if lower: a 429 (or a 503 with a hint) pauses the endpoint for as long as the provider asked and
+sets the learned rate below what the cluster was sending; it grows back by GROWTH a second while
+no refusal comes. `tokens_per_minute` spaces tokens the same way: a request reserves its
+estimated tokens, and the usage the provider reports corrects the reservation. `concurrent`
+bounds the requests in flight with a permit each, which lapses if its holder dies.
+"""
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ..conf import app_settings
+from ..models import ProviderBudget, ProviderPermit
+
+LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "concurrent")
+SLOWDOWN = 0.8  # a refusal sets the learned rate to this share of the rate the cluster sent
+GROWTH = 0.1  # the learned rate grows back by this share a second while nothing is refused
+QUIET = 5.0  # seconds after a refusal before the learned rate grows again
+DROP_EVERY = 1.0  # seconds: the learned rate drops once in this time at most
+LEAST_RATE = 0.1  # requests a second: a learned rate never goes below this
+PERMIT_SLACK = 30.0  # seconds a permit outlives its request's timeout before it lapses
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One endpoint's configured limits (None: not configured)."""
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    concurrent: int | None = None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A request's turn: it may start at `start`; `permit` is its concurrency permit, if any.
+    `busy`: the endpoint's concurrency is used up, try again shortly (nothing was reserved)."""
+
+    endpoint: str
+    start: datetime
+    tokens: int = 0
+    permit: int | None = None
+    busy: bool = False
+
+
+def limits_of(endpoint: str) -> Limits:
+    """Return the limits MODEL_LIMITS gives `endpoint` (none when it names no limits)."""
+    given = (app_settings.MODEL_LIMITS or {}).get(endpoint) or {}
+    return Limits(**{key: given.get(key) for key in LIMIT_KEYS})
+
+
+def problems(setting) -> list[str]:
+    """Say what is wrong with a MODEL_LIMITS value (the system check agenttasks.E007)."""
+    if not isinstance(setting, dict):
+        return ["MODEL_LIMITS must be a dict of endpoint names to their limits"]
+    found = []
+    for endpoint, given in setting.items():
+        if not isinstance(given, dict):
+            found.append(f"MODEL_LIMITS[{endpoint!r}] must be a dict")
+            continue
+        unknown = sorted(set(given) - set(LIMIT_KEYS))
+        if unknown:
+            found.append(f"MODEL_LIMITS[{endpoint!r}] has unknown keys {unknown}")
+        for key in LIMIT_KEYS:
+            value = given.get(key)
+            if value is None:
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or value <= 0 or (key == "concurrent" and not isinstance(value, int)):
+                found.append(f"MODEL_LIMITS[{endpoint!r}][{key!r}] must be a positive number")
+    return found
+
+
+def reserve(endpoint: str, tokens: int, timeout: float) -> Reservation:
+    """Reserve a request's start against `endpoint`'s shared budget (see the module's text)."""
+    limits = limits_of(endpoint)
+    with transaction.atomic():
+        row = _locked(endpoint)
+        now = timezone.now()
+        permit = None
+        if limits.concurrent:
+            live = ProviderPermit.objects.filter(endpoint=endpoint, expires_at__gt=now).count()
+            if live >= limits.concurrent:
+                return Reservation(endpoint, now, busy=True)
+        start = max(now, row.next_start or now, row.paused_until or now)
+        rate = _rate(limits, row)
+        if rate:
+            row.next_start = start + timedelta(seconds=1 / rate)
+        if limits.tokens_per_minute:
+            token_start = max(now, row.next_tokens or now)
+            start = max(start, token_start)
+            row.next_tokens = token_start + _token_time(limits, tokens)
+        _grow(row, limits, now)
+        row.save()
+        if limits.concurrent:
+            expires = start + timedelta(seconds=timeout + PERMIT_SLACK)
+            permit = ProviderPermit.objects.create(endpoint=endpoint, expires_at=expires).pk
+    return Reservation(endpoint, start, tokens, permit)
+
+
+def release(reservation: Reservation, used_tokens: int | None = None) -> None:
+    """End a request: give back its permit, and correct its tokens by the usage reported."""
+    if reservation.permit is not None:
+        ProviderPermit.objects.filter(pk=reservation.permit).delete()
+    limits = limits_of(reservation.endpoint)
+    if used_tokens is None or not limits.tokens_per_minute or used_tokens == reservation.tokens:
+        return
+    with transaction.atomic():
+        row = _locked(reservation.endpoint)
+        if row.next_tokens is not None:
+            row.next_tokens += _token_time(limits, used_tokens - reservation.tokens)
+            row.save(update_fields=["next_tokens"])
+
+
+def refused(endpoint: str, wait: float | None) -> None:
+    """A provider refused a request for its limit: pause the endpoint and lower its rate.
+
+    The rate drops once per DROP_EVERY at most: the requests already on their way when the
+    first refusal came are refused too, and they say nothing new.
+    """
+    limits = limits_of(endpoint)
+    with transaction.atomic():
+        row = _locked(endpoint)
+        now = timezone.now()
+        if wait:
+            row.paused_until = max(row.paused_until or now, now + timedelta(seconds=wait))
+        if row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY:
+            # With a rate, starts follow it; without, every reservation started at once.
+            sent = _rate(limits, row) or _decayed(row, now)
+            row.learned_rate = max(LEAST_RATE, sent * SLOWDOWN)
+            row.limited_at = now
+        row.next_start = max(row.next_start or now, row.paused_until or now)
+        row.refusals += 1
+        row.save()
+
+
+def _locked(endpoint: str) -> ProviderBudget:
+    """Return the endpoint's row, locked for this transaction (made on its first use)."""
+    row = ProviderBudget.objects.select_for_update().filter(pk=endpoint).first()
+    if row is not None:
+        return row
+    try:
+        with transaction.atomic():
+            ProviderBudget.objects.create(endpoint=endpoint)
+    except IntegrityError:
+        pass  # another process made it first
+    return ProviderBudget.objects.select_for_update().get(pk=endpoint)
+
+
+def _rate(limits: Limits, row: ProviderBudget) -> float | None:
+    """The requests a second the endpoint may start: the configured or the learned, the lower."""
+    rates = [
+        r
+        for r in (limits.requests_per_minute and limits.requests_per_minute / 60, row.learned_rate)
+        if r
+    ]
+    return min(rates) if rates else None
+
+
+def _token_time(limits: Limits, tokens: int) -> timedelta:
+    return timedelta(seconds=60 * tokens / float(limits.tokens_per_minute or math.inf))
+
+
+def _decayed(row: ProviderBudget, now: datetime) -> float:
+    """The recent starts a second, decayed to now (an exponential average over about a second)."""
+    if row.recent_at is None:
+        return 0.0
+    return row.recent_rate * math.exp(-(now - row.recent_at).total_seconds())
+
+
+def _grow(row: ProviderBudget, limits: Limits, now: datetime) -> None:
+    """Count one start in the recent rate; let a learned rate grow back once refusals stop."""
+    elapsed = (now - row.recent_at).total_seconds() if row.recent_at else 0.0
+    row.recent_rate, row.recent_at = _decayed(row, now) + 1, now
+    quiet = row.limited_at is None or (now - row.limited_at).total_seconds() > QUIET
+    if row.learned_rate is not None and quiet:
+        row.learned_rate *= 1 + GROWTH * min(elapsed, 1.0)
+        configured = limits.requests_per_minute and limits.requests_per_minute / 60
+        if configured and row.learned_rate >= configured:
+            row.learned_rate = None  # the configured rate bounds it again

@@ -1,0 +1,144 @@
+"""The shared budget of a model endpoint (agenttasks.flow.budgets): spacing, tokens, refusals,
+concurrency, and threads that reserve at once."""
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+from django.utils import timezone
+
+from agenttasks.flow import budgets
+from agenttasks.models import ProviderBudget, ProviderPermit
+
+from ..conftest import run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def limited(**limits):
+    return override_settings(AGENTTASKS={"MODEL_LIMITS": {"llm": limits}})
+
+
+def gaps(reservations):
+    starts = sorted(r.start for r in reservations)
+    return [(b - a).total_seconds() for a, b in zip(starts, starts[1:], strict=False)]
+
+
+def test_starts_are_spaced_by_the_configured_rate():
+    with limited(requests_per_minute=600):  # 10 a second
+        made = [budgets.reserve("llm", 10, 30) for _ in range(5)]
+    assert made[0].start <= timezone.now()
+    assert gaps(made) == pytest.approx([0.1] * 4, abs=0.01)
+
+
+def test_an_endpoint_without_limits_starts_at_once():
+    made = [budgets.reserve("free", 10, 30) for _ in range(3)]
+    assert all(r.start <= timezone.now() for r in made)
+    assert all(r.permit is None for r in made)
+
+
+def test_tokens_are_reserved_and_corrected_by_the_usage():
+    with limited(tokens_per_minute=6000):  # 100 tokens a second
+        first = budgets.reserve("llm", 50, 30)
+        second = budgets.reserve("llm", 50, 30)
+        assert (second.start - first.start).total_seconds() == pytest.approx(0.5, abs=0.01)
+        before = ProviderBudget.objects.get(pk="llm").next_tokens
+        budgets.release(second, used_tokens=150)  # it used 100 more than it reserved
+        after = ProviderBudget.objects.get(pk="llm").next_tokens
+    assert (after - before).total_seconds() == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_refusal_pauses_the_endpoint_and_lowers_its_rate():
+    with limited(requests_per_minute=6000):  # 100 a second
+        budgets.reserve("llm", 1, 30)
+        budgets.refused("llm", 2.0)
+        row = ProviderBudget.objects.get(pk="llm")
+        assert row.learned_rate == pytest.approx(80.0)
+        assert row.refusals == 1
+        after = [budgets.reserve("llm", 1, 30) for _ in range(3)]
+    assert after[0].start >= timezone.now() + timedelta(seconds=1.5)
+    assert gaps(after) == pytest.approx([1 / 80] * 2, abs=0.002)
+
+
+def test_the_refusals_of_one_moment_lower_the_rate_once():
+    with limited(requests_per_minute=6000):
+        for _ in range(5):
+            budgets.refused("llm", 0)
+    row = ProviderBudget.objects.get(pk="llm")
+    assert row.learned_rate == pytest.approx(80.0) and row.refusals == 5
+
+
+def test_without_a_setting_the_rate_is_learned_from_what_was_sent():
+    for _ in range(20):  # twenty starts in a moment: about twenty a second
+        budgets.reserve("free", 1, 30)
+    budgets.refused("free", None)
+    learned = ProviderBudget.objects.get(pk="free").learned_rate
+    assert 10 < learned < 20
+    made = [budgets.reserve("free", 1, 30) for _ in range(3)]
+    assert min(gaps(made)) >= 1 / 20
+
+
+def test_the_learned_rate_grows_back_once_refusals_stop():
+    ProviderBudget.objects.create(
+        endpoint="llm",
+        learned_rate=10.0,
+        limited_at=timezone.now() - timedelta(minutes=1),
+        recent_at=timezone.now() - timedelta(seconds=1),
+    )
+    with limited(requests_per_minute=6000):
+        budgets.reserve("llm", 1, 30)
+    assert ProviderBudget.objects.get(pk="llm").learned_rate == pytest.approx(11.0, rel=0.01)
+
+
+def test_concurrency_is_bounded_by_permits_that_lapse():
+    with limited(concurrent=2):
+        one, two = budgets.reserve("llm", 1, 30), budgets.reserve("llm", 1, 30)
+        assert not one.busy and not two.busy
+        assert budgets.reserve("llm", 1, 30).busy
+        budgets.release(one)
+        three = budgets.reserve("llm", 1, 30)
+        assert not three.busy
+        # A holder that died: its permit lapses at its expiry.
+        ProviderPermit.objects.filter(pk=two.permit).update(expires_at=timezone.now())
+        assert not budgets.reserve("llm", 1, 30).busy
+        assert budgets.reserve("llm", 1, 30).busy
+
+
+def test_threads_reserving_at_once_get_distinct_spaced_starts():
+    """The row lock makes each reservation see the one before (PostgreSQL: real row locks)."""
+    with limited(requests_per_minute=60 * 50):  # 50 a second
+        made = run_threads(lambda i: budgets.reserve("llm", 1, 30), 8)
+    assert all(isinstance(r, budgets.Reservation) for r in made), made
+    assert min(gaps(made)) >= 0.02 - 1e-6
+
+
+def test_concurrency_holds_across_threads():
+    with limited(concurrent=3):
+        made = run_threads(lambda i: budgets.reserve("llm", 1, 30), 8)
+    assert sum(not r.busy for r in made) == 3, made
+
+
+@pytest.mark.parametrize(
+    "setting, problem",
+    [
+        ([], "MODEL_LIMITS must be a dict"),
+        ({"llm": 5}, "MODEL_LIMITS['llm'] must be a dict"),
+        ({"llm": {"rpm": 5}}, "unknown keys ['rpm']"),
+        ({"llm": {"requests_per_minute": 0}}, "['requests_per_minute'] must be a positive number"),
+        ({"llm": {"concurrent": 2.5}}, "['concurrent'] must be a positive number"),
+        ({"llm": {"tokens_per_minute": True}}, "['tokens_per_minute'] must be a positive number"),
+    ],
+)
+def test_bad_limits_fail_the_system_check(setting, problem):
+    with override_settings(AGENTTASKS={"MODEL_LIMITS": setting}):
+        with pytest.raises(SystemCheckError) as raised:
+            call_command("check")
+    assert "agenttasks.E007" in str(raised.value) and problem in str(raised.value)
+
+
+def test_good_limits_pass_the_system_check():
+    good = {"llm": {"requests_per_minute": 3000, "tokens_per_minute": 10**6, "concurrent": 5}}
+    with override_settings(AGENTTASKS={"MODEL_LIMITS": good}):
+        call_command("check")

@@ -1,0 +1,110 @@
+"""A real cluster against a provider with a limit: a burst ends with every task completed, and
+two worker processes share one concurrency limit (docs/operating.md#meeting-your-providers-limits)."""
+
+import threading
+import time
+from collections import deque
+
+import pytest
+
+from agenttasks import lifecycle
+from agenttasks.models import ProviderBudget, Task
+
+from ..conftest import wait_for
+from ..fake_model import answer, http
+
+pytest_plugins = ["tests.fake_model"]
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT = {"chatter": {"runtime": "chat", "model": "m-chat", "stream": False}}
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+class LimitedProvider:
+    """A provider that refuses a request beyond `per_second` started in the last second (429 with
+    `Retry-After: 1`, as providers do), and answers the others after `seconds`."""
+
+    def __init__(self, per_second: int, seconds: float):
+        self.per_second, self.seconds = per_second, seconds
+        self.started: deque[float] = deque()
+        self.refused = 0
+        self.busiest_second = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request):
+        with self._lock:
+            now = time.monotonic()
+            while self.started and self.started[0] <= now - 1:
+                self.started.popleft()
+            if len(self.started) >= self.per_second:
+                self.refused += 1
+                return http(429, {"error": {"message": "rate limited"}}, {"Retry-After": "1"})
+            self.started.append(now)
+            self.busiest_second = max(self.busiest_second, len(self.started))
+        time.sleep(self.seconds)
+        return answer("done")
+
+
+def chat_tasks(user, n: int) -> list[Task]:
+    return [lifecycle.create(owner=user, agent_id="chatter", input=f"q {i}") for i in range(n)]
+
+
+def all_settled(tasks, timeout: float) -> list[str]:
+    ids = [t.id for t in tasks]
+    wait_for(
+        lambda: Task.objects.filter(pk__in=ids, status__in=TERMINAL).count() == len(ids),
+        timeout=timeout,
+        interval=0.2,
+        message=f"{len(ids)} tasks to settle",
+    )
+    return list(Task.objects.filter(pk__in=ids).values_list("status", flat=True))
+
+
+def test_a_burst_against_a_provider_whose_limit_is_unknown_ends_with_every_task_completed(
+    start_cluster, model, user
+):
+    model.set(AGENTS=CHAT, MAX_ACTIVE_TASKS_PER_USER=0, WORKER_SLOTS=20)
+    provider = LimitedProvider(per_second=8, seconds=0.2)
+    model.script(provider)
+    start_cluster(workers=2, **model.values)
+    statuses = all_settled(chat_tasks(user, 60), timeout=120)
+    assert statuses.count("completed") == 60, statuses
+    assert provider.refused > 0  # it was over the limit, and learned it from the refusals
+    assert provider.busiest_second <= 8
+    assert ProviderBudget.objects.get(pk="default").learned_rate is not None
+
+
+def test_with_the_limit_configured_the_provider_refuses_nothing(start_cluster, model, user):
+    model.set(
+        AGENTS=CHAT,
+        MAX_ACTIVE_TASKS_PER_USER=0,
+        WORKER_SLOTS=20,
+        MODEL_LIMITS={"default": {"requests_per_minute": 6 * 60}},
+    )
+    # The provider counts arrivals in a loaded test process, which bunches them a little: the
+    # limit leaves it headroom (the bench measures the cluster at the provider's exact limit).
+    provider = LimitedProvider(per_second=10, seconds=0.2)
+    model.script(provider)
+    start_cluster(workers=2, **model.values)
+    statuses = all_settled(chat_tasks(user, 30), timeout=120)
+    assert statuses.count("completed") == 30, statuses
+    assert provider.refused == 0
+
+
+def test_two_processes_never_exceed_a_concurrency_limit_of_3(start_cluster, model, user):
+    model.set(
+        AGENTS=CHAT,
+        MAX_ACTIVE_TASKS_PER_USER=0,
+        WORKER_SLOTS=10,
+        MODEL_LIMITS={"default": {"concurrent": 3}},
+    )
+
+    def script(request):
+        time.sleep(0.3)
+        return answer("done")
+
+    server = model.script(script)
+    start_cluster(workers=2, **model.values)
+    statuses = all_settled(chat_tasks(user, 24), timeout=120)
+    assert statuses.count("completed") == 24, statuses
+    assert server.max_in_flight["m-chat"] == 3, server.max_in_flight  # used, and never more
