@@ -1,4 +1,5 @@
-"""Read-only lists of runs, pending actions, events, wake-ups, results, comments and files."""
+"""Read-only lists of runs, pending actions, events, wake-ups, results, comments, files and the
+model endpoints' budgets."""
 
 from datetime import timedelta
 
@@ -7,7 +8,17 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..models import Comment, Event, File, PendingAction, Run, TaskResult, Wakeup
+from ..flow import budgets
+from ..models import (
+    Comment,
+    Event,
+    File,
+    PendingAction,
+    ProviderBudget,
+    Run,
+    TaskResult,
+    Wakeup,
+)
 from ..states import ActionStatus, RunStatus
 from .base import (
     ReadOnlyAdmin,
@@ -249,3 +260,25 @@ class FileAdmin(ReadOnlyAdmin):
     @admin.display(description="task")
     def task_link(self, file):
         return link("task", file.task_id)
+
+
+@admin.register(ProviderBudget)
+class ProviderBudgetAdmin(ReadOnlyAdmin):
+    """Each model endpoint's shared budget (docs/operating.md#meeting-your-providers-limits)."""
+
+    list_display = (
+        "endpoint",
+        "configured",
+        "learned_rate",
+        "next_start",
+        "paused_until",
+        "refusals",
+        "limited_at",
+    )
+    ordering = ("endpoint",)
+
+    @admin.display(description="configured limits")
+    def configured(self, budget):
+        limits = budgets.limits_of(budget.endpoint)
+        given = {key: getattr(limits, key) for key in budgets.LIMIT_KEYS}
+        return ", ".join(f"{key} {value:g}" for key, value in given.items() if value) or "none"

@@ -18,6 +18,7 @@ from .. import lifecycle, store
 from ..broker import queue
 from ..conf import app_settings
 from ..delivery import outbox as deliveries
+from ..flow import budgets
 from ..operations import health, metrics, retention
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def reap() -> dict:
     close_old_connections()
     try:
         failed = lifecycle.recover()
+        budgets.forget_lapsed()
         health.record_pass()
         metrics.count("agenttasks_orphans_failed_total", len(failed))
         return {"failed": [t.id for t in failed]}

@@ -124,6 +124,12 @@ def release(reservation: Reservation, used_tokens: int | None = None) -> None:
             row.save(update_fields=["next_tokens"])
 
 
+def forget_lapsed() -> int:
+    """Delete the permits whose holders died (the reaper's pass); return how many."""
+    deleted, _ = ProviderPermit.objects.filter(expires_at__lte=timezone.now()).delete()
+    return deleted
+
+
 def refused(endpoint: str, wait: float | None) -> None:
     """A provider refused a request for its limit: pause the endpoint and lower its rate.
 

@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agenttasks import lifecycle, store
+from agenttasks.flow import budgets
 from agenttasks.models import Conversation, Event, File, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime.base import normalize_questions
 from agenttasks.types import ActionRequest, RunOutcome
@@ -746,13 +747,18 @@ def test_pending_actions_filter_overdue(admin_client, admin_user):
 
 
 @pytest.mark.parametrize(
-    "model", ["run", "pendingaction", "event", "wakeup", "taskresult", "comment", "file"]
+    "model",
+    ["run", "pendingaction", "event", "wakeup", "taskresult", "comment", "file", "providerbudget"],
 )
-def test_read_only_lists_and_pages_render(admin_client, admin_user, model):
+def test_read_only_lists_and_pages_render(admin_client, admin_user, model, settings):
     chat, a, b, c = rich(admin_user)
     Wakeup.objects.create(conversation=chat, task=a, run_id=a.run_id, status="completed")
+    settings.AGENTTASKS = {"MODEL_LIMITS": {"default": {"requests_per_minute": 600}}}
+    budgets.reserve("default", 10, 30)
     response = admin_client.get(url(f"{model}_changelist"))
     assert response.status_code == 200
+    if model == "providerbudget":
+        assert b"requests_per_minute 600" in response.content
     first = response.context["cl"].result_list[0]
     page = admin_client.get(url(f"{model}_change", first.pk))
     assert page.status_code == 200

@@ -9,6 +9,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 from django.utils import timezone
 
+from agenttasks.execution import reaper
 from agenttasks.flow import budgets
 from agenttasks.models import ProviderBudget, ProviderPermit
 
@@ -104,6 +105,14 @@ def test_concurrency_is_bounded_by_permits_that_lapse():
         ProviderPermit.objects.filter(pk=two.permit).update(expires_at=timezone.now())
         assert not budgets.reserve("llm", 1, 30).busy
         assert budgets.reserve("llm", 1, 30).busy
+
+
+def test_the_reaper_forgets_the_permits_of_dead_holders():
+    with limited(concurrent=5):
+        kept, lapsed = budgets.reserve("llm", 1, 30), budgets.reserve("llm", 1, 30)
+    ProviderPermit.objects.filter(pk=lapsed.permit).update(expires_at=timezone.now())
+    reaper.reap()
+    assert list(ProviderPermit.objects.values_list("pk", flat=True)) == [kept.permit]
 
 
 def test_threads_reserving_at_once_get_distinct_spaced_starts():
