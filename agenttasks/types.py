@@ -2,6 +2,7 @@
 
 import enum
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ class Claimed:
 
     runs: "list[Run]"
     passed: int = 0
+    next_at: datetime | None = None  # when the next delayed start is due, if one is queued
 
 
 LABEL_LENGTH = 60
@@ -155,6 +157,8 @@ class NewTask:
     delegation_key: str = ""
     task_id: str | None = None  # None: a fresh id
     run_id: str | None = None  # None: a fresh id
+    not_before: datetime | None = None  # a delayed start: the first run is not claimed before
+    priority: int = 0  # higher first, within each owner's share of the claims
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,9 @@ def execute_run(run_id: str) -> None:
     if pool is not None and pool.pid == os.getpid():
         pool.offer(run_id)
         return
+    if Run.objects.not_due(timezone.now()).filter(pk=run_id).exists():
+        logger.info("worker.not_due run=%s", run_id)  # the reaper enqueues it again once due
+        return
     worker = worker_identity()
     try:
         run = reconnecting(lambda: store.claim(run_id, worker))
@@ -96,6 +99,7 @@ class RunPool:
         self.retiring = False
         self._wanted = threading.Event()
         self._passed_wait = PASSED_RETRY[0]
+        self._next_look = None  # when a timer claims again for a delayed start
         threading.Thread(target=self._claim_loop, name="agenttasks-claimer", daemon=True).start()
         beater().report(self.report)
         self._wanted.set()  # claim what queued up while no process had a free slot
@@ -164,6 +168,8 @@ class RunPool:
             if len(runs) == free or claimed.passed:
                 self.backlog = True  # all it asked for, or some were held: there may be more
             self._lock.notify_all()
+        if claimed.next_at is not None:
+            self._look_again_at(claimed.next_at)
         if claimed.passed and len(runs) < free:
             # Held by a short transaction: try again soon, then less and less often.
             threading.Timer(self._passed_wait, self._wanted.set).start()
@@ -174,6 +180,22 @@ class RunPool:
             # A thread per run, ended with it: idle slots hold no stack (a pool of threads would
             # keep as many as the busiest moment needed).
             threading.Thread(target=self._execute, args=(run,), name="agenttasks-slot").start()
+
+    def _look_again_at(self, when) -> None:
+        """Claim again when the next delayed start is due (one timer: the earliest)."""
+        with self._lock:
+            if self._next_look is not None and self._next_look <= when:
+                return
+            self._next_look = when
+        delay = max(0.0, (when - timezone.now()).total_seconds())
+        threading.Timer(delay, self._due, args=(when,)).start()
+
+    def _due(self, when) -> None:
+        with self._lock:
+            if self._next_look == when:
+                self._next_look = None
+            self.backlog = True
+        self._wanted.set()
 
     def _execute(self, run: Run) -> None:
         try:

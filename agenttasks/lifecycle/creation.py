@@ -1,6 +1,7 @@
 """Starting tasks: `create` (REST and site code) and `spawn` (a model's background task)."""
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -38,8 +39,14 @@ def create(
     metadata: dict[str, Any] | None = None,
     uploads: Sequence[files.Upload] = (),
     before_commit: Callable[[Task], None] | None = None,
+    not_before: datetime | None = None,
+    priority: int = 0,
 ) -> Task:
     """Create a task from REST or site code: a visible conversation, depth 1, no parent.
+
+    `not_before` delays its start (the task is pending, its run queued until then; a time
+    already past starts it now); `priority` puts it before lower ones of its owner and of
+    others whose share is the same (docs/lifecycle.md#when-a-task-starts).
 
     Refused in the order of docs/rest.md#creating-a-task: an unknown agent (UnknownAgent), a
     file its policy refuses (files.FileRefused), a callback address that is not public
@@ -66,6 +73,8 @@ def create(
         metadata=metadata or {},
         files=[u.ref() for u in uploads],
         run_id=run_id,
+        not_before=not_before,
+        priority=priority,
     )
     # Listening workers are told in the creating transaction; else the first run's job commits
     # with the task when the broker is this database.

@@ -15,6 +15,16 @@ class RunQuerySet(models.QuerySet["Run"]):
         """Return runs that are queued, running or paused."""
         return self.filter(status__in=RUN_ACTIVE)
 
+    def due(self, now: datetime) -> "RunQuerySet":
+        """Return queued runs that may start now (no delayed start, or one that has come)."""
+        return self.filter(status=RunStatus.QUEUED).filter(
+            models.Q(not_before__isnull=True) | models.Q(not_before__lte=now)
+        )
+
+    def not_due(self, now: datetime) -> "RunQuerySet":
+        """Return queued runs whose delayed start has not come."""
+        return self.filter(status=RunStatus.QUEUED, not_before__gt=now)
+
     def lease_expired(self, cutoff: datetime) -> "RunQuerySet":
         """Running runs not heard from since `cutoff` (their worker is presumed dead)."""
         silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
@@ -72,6 +82,12 @@ class Run(models.Model):
         blank=True,
         help_text="The reaper looks at this queued run again no earlier than this.",
     )
+    not_before = models.DateTimeField(
+        "not before",
+        null=True,
+        blank=True,
+        help_text="A queued run is not claimed before this (a delayed start).",
+    )
     started_at = models.DateTimeField("started", null=True, blank=True)
     ended_at = models.DateTimeField("ended", null=True, blank=True)
     output = models.TextField("output", blank=True)
@@ -117,6 +133,12 @@ class Run(models.Model):
             models.Index(fields=["status", "queued_at"], name="agenttasks_run_queue_idx"),
             # Busy checks and wake guards: the active runs of one conversation.
             models.Index(fields=["conversation", "status"], name="agenttasks_run_conv_idx"),
+            # The claimers: when the next delayed start comes.
+            models.Index(
+                fields=["not_before"],
+                name="agenttasks_run_waiting_idx",
+                condition=models.Q(status="queued", not_before__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

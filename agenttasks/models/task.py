@@ -104,6 +104,12 @@ class Task(models.Model):
     input = models.TextField("input")
     label = models.CharField("label", max_length=200, blank=True)
     kind = models.CharField("kind", max_length=64, blank=True)
+    priority = models.SmallIntegerField(
+        "priority",
+        default=0,
+        db_default=0,
+        help_text="Higher first: claims take a higher priority first, within each owner's share.",
+    )
     state = models.JSONField("state", null=True, blank=True)
     inherit = models.JSONField("agent snapshot", default=dict, blank=True)
     depth = models.PositiveIntegerField("depth", default=1)

@@ -6,15 +6,18 @@ PostgreSQL a claim is one statement (`store.postgres`); SQLite takes the same ru
 IMMEDIATE transaction.
 """
 
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import F, Min
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..exceptions import RunNotFound
 from ..models import Run
-from ..states import RunStatus, TaskKind, TaskStatus, trigger_name
+from ..states import RunStatus, RunTrigger, TaskKind, TaskStatus, trigger_name
 from ..types import Claimed
 from . import postgres
 from .locking import Log, hold_task, lock_run, lock_task_of_run, retried, task_status
@@ -25,6 +28,8 @@ from .rows import save_task, set_status
 def claim(run_id: str, worker: str = "") -> Run | None:
     """Move a queued run (and its task) to running; None if it is no longer the one to run.
 
+    It does not look at a delayed start (`not_before`): the worker's claims of several runs
+    leave a run until it is due, and `execution.worker.execute_run` does the same.
     The run comes back with its task and conversation (`run.task`, `run.conversation`).
     """
     now = timezone.now()
@@ -36,11 +41,13 @@ def claim(run_id: str, worker: str = "") -> Run | None:
 
 @retried
 def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
-    """Claim up to `limit` queued runs in one statement: those named in `first`, then the oldest.
+    """Claim up to `limit` due queued runs in one statement: those named in `first`, then the
+    others in fair order (`fair_order`).
 
     Concurrent claimers pass over each other's rows (SKIP LOCKED on PostgreSQL) and never claim
     one run twice; delegate children are claimed only when named (their callers execute them
-    inline). Each run comes back as `claim` returns it.
+    inline). A run whose `not_before` has not come stays queued; `Claimed.next_at` says when
+    the next one is due. Each run comes back as `claim` returns it.
     """
     if limit <= 0:
         return Claimed([])
@@ -50,24 +57,41 @@ def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
     # SQLite: the transaction holds the database's write lock from BEGIN (IMMEDIATE).
     claimed: list[Run] = []
     with transaction.atomic():
-        seen: set[str] = set()
+        seen = set(Run.objects.not_due(now).filter(pk__in=first).values_list("pk", flat=True))
         for run_id in first:
             if len(claimed) >= limit:
                 break
             if run_id not in seen:
                 seen.add(run_id)
                 _claim_into(claimed, run_id, worker, now, delegates=True)
-        oldest = (
-            Run.objects.filter(status=RunStatus.QUEUED)
-            .exclude(pk__in=seen)
-            .order_by("queued_at", "id")
-            .values_list("pk", flat=True)
-        )
-        for run_id in oldest.iterator(chunk_size=limit + 8):
+        for run_id in fair_order(now, exclude=seen):
             if len(claimed) >= limit:
                 break
             _claim_into(claimed, run_id, worker, now, delegates=False)
-    return Claimed(claimed)
+        next_at = Run.objects.not_due(now).aggregate(at=Min("not_before"))["at"]
+    return Claimed(claimed, next_at=next_at)
+
+
+def fair_order(now: datetime, exclude: set[str]) -> list[str]:
+    """Order the due queued runs as claims take them (agenttasks_claim_runs_v3 on PostgreSQL).
+
+    Wake-up runs first (they finish what has begun); then owner by owner: every owner's best
+    run, then every owner's second, and so on, where an owner's runs go by task priority, then
+    age; runs of the same rank go by priority, then age.
+    """
+    rows = (
+        Run.objects.due(now)
+        .exclude(pk__in=exclude)
+        .annotate(priority=Coalesce("task__priority", 0), owner=F("conversation__owner_id"))
+        .order_by("-priority", "queued_at", "id")
+        .values_list("pk", "trigger", "priority", "owner", "queued_at")
+    )
+    shares: Counter[int | None] = Counter()
+    keyed = []
+    for run_id, trigger, priority, owner, queued_at in rows:
+        shares[owner] += 1
+        keyed.append(((trigger != RunTrigger.WAKEUP, shares[owner], -priority, queued_at), run_id))
+    return [run_id for _, run_id in sorted(keyed)]
 
 
 def _claim_into(claimed: list[Run], run_id: str, worker: str, now: datetime, **kw: bool) -> None:

@@ -116,7 +116,8 @@ def stale_queued(now: datetime) -> models.QuerySet[Run]:
     """Return current queued runs older than REQUEUE_AFTER that are due for a look by the reaper."""
     cutoff = now - timedelta(seconds=app_settings.REQUEUE_AFTER)
     return (
-        Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff)
+        Run.objects.due(cutoff)
+        .filter(queued_at__lt=cutoff)
         .filter(Q(requeue_at__isnull=True) | Q(requeue_at__lte=now))
         .filter(Q(task__isnull=True) | Q(task__run_id=models.F("id")))
     )

@@ -187,6 +187,7 @@ def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
         input=new.input,
         attempt=1,
         queued_at=now,
+        not_before=new.not_before if new.not_before and new.not_before > now else None,
         created_at=now,
     )
     task = Task(
@@ -207,6 +208,7 @@ def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
         delegation_key=new.delegation_key,
         callback_url=new.callback_url or "",
         metadata=new.metadata or {},
+        priority=new.priority,
         created_at=now,
         updated_at=now,
     )

@@ -4,8 +4,10 @@ two worker processes share one concurrency limit (docs/operating.md#meeting-your
 import threading
 import time
 from collections import deque
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from agenttasks import lifecycle
 from agenttasks.models import ProviderBudget, Task
@@ -108,3 +110,18 @@ def test_two_processes_never_exceed_a_concurrency_limit_of_3(start_cluster, mode
     statuses = all_settled(chat_tasks(user, 24), timeout=120)
     assert statuses.count("completed") == 24, statuses
     assert server.max_in_flight["m-chat"] == 3, server.max_in_flight  # used, and never more
+
+
+def test_a_delayed_task_starts_at_its_time_on_a_real_cluster(start_cluster, model, user):
+    model.set(AGENTS=CHAT, MAX_ACTIVE_TASKS_PER_USER=0)
+    server = model.script(lambda request: answer("done"))
+    start_cluster(workers=1, **model.values)
+    now = lifecycle.create(owner=user, agent_id="chatter", input="now")
+    at = timezone.now() + timedelta(seconds=3)
+    later = lifecycle.create(owner=user, agent_id="chatter", input="later", not_before=at)
+    assert all_settled([now], timeout=60) == ["completed"]
+    assert Task.objects.get(pk=later.id).status == "pending"  # the other one ran meanwhile
+    assert all_settled([later], timeout=60) == ["completed"]
+    started = Task.objects.get(pk=later.id).started_at
+    assert at <= started < at + timedelta(seconds=3), (at, started)
+    assert server.served["m-chat"] == 2

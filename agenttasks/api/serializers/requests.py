@@ -9,6 +9,7 @@ leaves out (or sends as null) becomes the field's `absent` value.
 
 from typing import Any
 
+from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
 from ...delivery import callbacks
@@ -117,6 +118,44 @@ class Flag(Checked, serializers.BooleanField):
         return value
 
 
+class Priority(Checked, serializers.IntegerField):
+    """An integer from -100 to 100, 0 when left out (higher first)."""
+
+    absent = 0
+    LOW, HIGH = -100, 100
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, min_value=self.LOW, max_value=self.HIGH, **kwargs)
+
+    def check(self, value, name):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not (self.LOW <= value <= self.HIGH)
+        ):
+            raise errors.validation(
+                f"{name} must be an integer from {self.LOW} to {self.HIGH}", name
+            )
+        return value
+
+
+class Moment(Checked, serializers.DateTimeField):
+    """An ISO 8601 date and time with its offset (`2026-12-05T09:00:00Z`), None when left out."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, **kwargs)
+
+    def check(self, value, name):
+        moment = parse_datetime(value) if isinstance(value, str) else None
+        if moment is None or moment.tzinfo is None:
+            raise errors.validation(
+                f"{name} must be an ISO 8601 date and time with an offset, "
+                "such as 2026-12-05T09:00:00Z",
+                name,
+            )
+        return moment
+
+
 class Refused(Checked, serializers.BooleanField):
     """A key the body accepts only as false: `refusal` says what to do instead."""
 
@@ -183,6 +222,10 @@ class TaskCreateSerializer(Body):
     metadata = Metadata(absent={})
     files = Uploads(source="uploads")
     callbackUrl = CallbackUrl(source="callback_url", required=False, max_length=2000)
+    priority = Priority(help_text="Higher first, within each owner's share of the claims.")
+    notBefore = Moment(
+        source="not_before", help_text="Start no earlier than this (a time past starts now)."
+    )
 
 
 class CommentCreateSerializer(Body):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers
 
 from ... import lifecycle
@@ -178,6 +179,10 @@ class TaskSerializer(TaskValues):
     callbackUrl = serializers.CharField(source="callback_url", required=False)
     files = FileRefSerializer(many=True, required=False)
     metadata = serializers.DictField()
+    priority = serializers.IntegerField()
+    notBefore = serializers.DateTimeField(
+        required=False, help_text="While its run waits for a delayed start: when it starts."
+    )
     createdAt = serializers.DateTimeField(source="created_at")
     updatedAt = serializers.DateTimeField(source="updated_at")
     startedAt = serializers.DateTimeField(source="started_at", required=False)
@@ -190,6 +195,12 @@ class TaskSerializer(TaskValues):
         live = task.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
         if live and task.run.stop_request == StopRequest.AFTER_TURN:
             return StopRequest.AFTER_TURN.value
+        return None
+
+    def get_not_before(self, task: Task) -> str | None:
+        run = task.run
+        if run.status == RunStatus.QUEUED and run.not_before and run.not_before > timezone.now():
+            return iso(run.not_before)
         return None
 
     def get_files(self, task: Task) -> list[dict]:

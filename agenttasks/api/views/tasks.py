@@ -124,6 +124,8 @@ class TaskListView(ApiView):
                 callback_url=data["callback_url"] or None,
                 metadata=data["metadata"],
                 uploads=data["uploads"],
+                priority=data["priority"],
+                not_before=data["not_before"],
             )
         except callbacks.CallbackURLError as exc:
             raise errors.validation(str(exc), "callbackUrl") from None

@@ -1,0 +1,71 @@
+"""What the claims take first: due runs only, wake-ups, owners in turn, priorities (both
+databases: agenttasks_claim_runs_v3 on PostgreSQL, store.claims.fair_order elsewhere)."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agenttasks import store
+from agenttasks.execution import worker
+from agenttasks.models import Run
+from agenttasks.types import NewTask
+
+from ..factories import ConversationFactory, RunFactory, UserFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def create(owner, n=1, **fields):
+    return [
+        store.create_task(
+            NewTask(owner=owner, agent="echo", input=f"{owner.username} {i}", **fields)
+        )
+        for i in range(n)
+    ]
+
+
+def claimed(limit, **kw):
+    return [run.id for run in store.claim_many("host:1", limit, **kw).runs]
+
+
+def test_a_delayed_run_waits_for_its_time_and_the_claim_says_when(user):
+    later = timezone.now() + timedelta(minutes=5)
+    (task,) = create(user, not_before=later)
+    answer = store.claim_many("host:1", 10, first=[task.run_id])
+    assert answer.runs == [] and answer.next_at == later
+    worker.execute_run(task.run_id)  # a job outside a worker's slots leaves it too
+    assert Run.objects.get(pk=task.run_id).status == "queued"
+    Run.objects.filter(pk=task.run_id).update(not_before=timezone.now() - timedelta(seconds=1))
+    answer = store.claim_many("host:1", 10)
+    assert [r.id for r in answer.runs] == [task.run_id] and answer.next_at is None
+
+
+def test_a_start_time_already_past_starts_now(user):
+    (task,) = create(user, not_before=timezone.now() - timedelta(hours=1))
+    assert Run.objects.get(pk=task.run_id).not_before is None
+    assert claimed(10) == [task.run_id]
+
+
+def test_owners_take_turns(user):
+    other = UserFactory(username="b")
+    burst = create(user, 5)
+    late = create(other, 2)
+    order = claimed(4)
+    assert order == [burst[0].run_id, late[0].run_id, burst[1].run_id, late[1].run_id]
+
+
+def test_a_higher_priority_goes_first_within_its_owners_share(user):
+    other = UserFactory(username="b")
+    backlog = create(user, 3)
+    theirs = create(other, 1)
+    (urgent,) = create(user, priority=10)
+    order = claimed(5)
+    assert order[:2] == [urgent.run_id, theirs[0].run_id]  # both first in their owner's share
+    assert order[2:] == [t.run_id for t in backlog]
+
+
+def test_wakeups_go_before_new_work(user):
+    backlog = create(user, 3)
+    wake = RunFactory(conversation=ConversationFactory(owner=user), trigger="wakeup")
+    assert claimed(2) == [wake.id, backlog[0].run_id]
