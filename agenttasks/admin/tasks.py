@@ -11,12 +11,13 @@ from django.http import Http404, HttpResponseBadRequest, HttpResponseNotAllowed
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
 from .. import lifecycle
 from ..models import File, PendingAction, Run, Task, TaskResult
-from ..states import LIVE, ActionKind, ActionStatus
+from ..states import LIVE, ActionKind, ActionStatus, RunStatus
 from . import live, operations, overview, timeline, tree
 from .base import (
     DELEGATE,
@@ -226,6 +227,7 @@ class TaskAdmin(ReadOnlyAdmin):
         return [
             path("overview/", wrap(self.overview_view), name=f"{prefix}_overview"),
             path("<path:object_id>/operate/", wrap(self.operate_view), name=f"{prefix}_operate"),
+            path("<path:object_id>/priority/", wrap(self.priority_view), name=f"{prefix}_priority"),
             path("<path:object_id>/live/", wrap(self.live_view), name=f"{prefix}_live"),
             path(
                 "<path:object_id>/actions/<str:action_id>/",
@@ -338,6 +340,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "timeline_hidden": hidden,
             "buttons": self.buttons(request, task, below),
             "can_answer": self.has_answer_permission(request),
+            "can_prioritize": self.has_cancel_permission(request) and task.status in LIVE,
             "approval": ActionKind.APPROVAL,
             "can_delete_conversation": request.user.has_perm(
                 f"{self.opts.app_label}.delete_conversation"
@@ -376,6 +379,15 @@ class TaskAdmin(ReadOnlyAdmin):
             ("Origin", origin(task)),
             ("Owner", task.owner or "—"),
             ("Attempt", task.attempt_no()),
+            ("Priority", task.priority),
+            (
+                "Starts at",
+                run.not_before
+                if run.status == RunStatus.QUEUED
+                and run.not_before
+                and run.not_before > timezone.now()
+                else "—",
+            ),
             ("Progress", lifecycle.progress_line(task) or "—"),
             (
                 "Current run",
@@ -418,6 +430,23 @@ class TaskAdmin(ReadOnlyAdmin):
         if not getattr(self, f"has_{op.permission}_permission")(request):
             raise PermissionDenied
         op.report([task]).send(request)
+        return redirect(admin_url("task", task.pk))
+
+    def priority_view(self, request, object_id):
+        """Set the task's priority (operators who may cancel a task may reorder it)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        task = self.get_object(request, unquote(object_id))
+        if task is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        try:
+            lifecycle.set_priority(task.pk, int(request.POST.get("priority", "")))
+        except ValueError:
+            messages.error(request, "Not changed: priority must be an integer from -100 to 100.")
+        else:
+            messages.success(request, f"Priority set to {request.POST['priority'].strip()}.")
         return redirect(admin_url("task", task.pk))
 
     def resolve_view(self, request, object_id, action_id):

@@ -14,6 +14,7 @@ contract; this package is the Python API, one module per concern:
 - `conversations`: conversations without a task (a host's, with no agent behind it, too),
   progress from site code
 - `effects`: the announcer and launching; `base`: the Python view of a task
+- `priorities`: a task's priority, set after create
 """
 
 from ..types import Continuation, RunOutcome, StopOutcome, TaskInfo, TaskMeta
@@ -38,6 +39,7 @@ from .conversations import (
 from .creation import create, delegate, spawn
 from .effects import announce, resume_if_settled
 from .endings import end_at_deadline, model_has_result, on_run_finished, take_owed
+from .priorities import set_priority
 from .reading import list_tasks, meta_for, status, wait_for
 from .recovery import delete_conversation, delete_owned_by, recover
 from .retries import retry, retry_refusal, retry_task
@@ -52,6 +54,7 @@ __all__ = [
     "agent_name",
     "announce",
     "resolve_as_person",
+    "set_priority",
     "answer_refusal",
     "cancel",
     "comment",

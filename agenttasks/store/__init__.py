@@ -16,7 +16,7 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.limits`: the user's active-task limit and the parent's cap.
 """
 
-from .claims import claim, claim_many
+from .claims import claim, claim_many, set_priority
 from .debts import consume_wakeup, drop_wakeups, mark_delivered
 from .deletion import (
     conversation_tree,
@@ -82,6 +82,7 @@ __all__ = [
     "check_active_limit",
     "claim",
     "claim_many",
+    "set_priority",
     "conversation_busy",
     "consume_wakeup",
     "conversation_tree",

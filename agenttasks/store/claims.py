@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..exceptions import RunNotFound
-from ..models import Run
+from ..models import Run, Task
 from ..states import RunStatus, RunTrigger, TaskKind, TaskStatus, trigger_name
 from ..types import Claimed
 from . import postgres
@@ -151,3 +151,13 @@ def _start(log: Log, run: Run, worker: str, now: datetime, trigger: str, task_id
     run.status, run.worker, run.heartbeat_at = RunStatus.RUNNING, worker, now
     run.started_at = run.started_at or now
     run.save(update_fields=["status", "worker", "heartbeat_at", "started_at"])
+
+
+def set_priority(task_id: str, priority: int) -> bool:
+    """Set a task's priority (the claims read it when they order the queued runs); False when
+    there is no such task."""
+    now = timezone.now()
+    updated = Task.objects.filter(pk=task_id).update(
+        priority=priority, updated_at=now, version=F("version") + 1
+    )
+    return updated == 1

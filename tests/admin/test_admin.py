@@ -14,7 +14,7 @@ from agenttasks import lifecycle, store
 from agenttasks.flow import budgets
 from agenttasks.models import Conversation, Event, File, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime.base import normalize_questions
-from agenttasks.types import ActionRequest, RunOutcome
+from agenttasks.types import ActionRequest, NewTask, RunOutcome
 
 from ..factories import (
     CommentFactory,
@@ -394,6 +394,30 @@ def test_cancel_now_button(operator, admin_user):
     assert (done.status, done.summary) == ("cancelled", "stopped")
     page = operator.get(url("task_change", task.pk)).content.decode()
     assert "Status running → cancelled" in page and "stopped" in page
+
+
+def waiting(owner):
+    later = timezone.now() + timedelta(hours=1)
+    return store.create_task(NewTask(owner=owner, agent="echo", input="later", not_before=later))
+
+
+def test_an_operator_sets_the_priority_of_a_waiting_task(operator, admin_user):
+    task = waiting(admin_user)
+    page = operator.get(url("task_change", task.pk)).content.decode()
+    assert "Set priority</button>" in page and "Starts at" in page
+    response = operator.post(url("task_priority", task.pk), {"priority": "9"})
+    assert response.status_code == 302 and said(response) == ["Priority set to 9."]
+    assert Task.objects.get(pk=task.pk).priority == 9
+    response = operator.post(url("task_priority", task.pk), {"priority": "500"})
+    assert said(response) == ["Not changed: priority must be an integer from -100 to 100."]
+    assert Task.objects.get(pk=task.pk).priority == 9
+
+
+def test_a_viewer_cannot_set_a_priority(viewer, admin_user):
+    task = waiting(admin_user)
+    assert "Set priority" not in viewer.get(url("task_change", task.pk)).content.decode()
+    assert viewer.post(url("task_priority", task.pk), {"priority": "1"}).status_code == 403
+    assert Task.objects.get(pk=task.pk).priority == 0
 
 
 def test_cancel_now_on_a_finished_task_says_so(operator, admin_user):

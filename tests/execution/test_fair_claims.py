@@ -6,7 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agenttasks import store
+from agenttasks import lifecycle, store
+from agenttasks.exceptions import TaskNotFound
 from agenttasks.execution import worker
 from agenttasks.models import Run
 from agenttasks.types import NewTask
@@ -69,3 +70,21 @@ def test_wakeups_go_before_new_work(user):
     backlog = create(user, 3)
     wake = RunFactory(conversation=ConversationFactory(owner=user), trigger="wakeup")
     assert claimed(2) == [wake.id, backlog[0].run_id]
+
+
+def test_a_priority_set_later_moves_the_task_up(user):
+    backlog = create(user, 3)
+    lifecycle.set_priority(backlog[2].id, 5)
+    assert claimed(1) == [backlog[2].run_id]
+
+
+@pytest.mark.parametrize("priority", [101, -101, 1.5, True, "1"])
+def test_a_bad_priority_is_refused(user, priority):
+    (task,) = create(user)
+    with pytest.raises(ValueError, match="priority must be an integer from -100 to 100"):
+        lifecycle.set_priority(task.id, priority)
+
+
+def test_the_priority_of_an_unknown_task_is_not_found():
+    with pytest.raises(TaskNotFound):
+        lifecycle.set_priority("task_missing", 1)
