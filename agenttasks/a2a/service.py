@@ -7,6 +7,7 @@ raises one of the SDK's A2A errors. Nothing here writes a status: the lifecycle 
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
 
@@ -43,6 +44,8 @@ MAX_LIST_HISTORY_LENGTH = 10
 TASKS_ORDER = Keyset("a2a.tasks", ("created_at", "id"), descending=True)
 YES = {"yes", "y", "approve", "approved", "ok", "true"}
 NO = {"no", "n", "deny", "denied", "reject", "false"}
+# The metadata keys a client sets a task's priority and delayed start with (docs/a2a.md).
+PRIORITY_KEY, NOT_BEFORE_KEY = "agenttasks.priority", "agenttasks.notBefore"
 
 
 @dataclass
@@ -198,6 +201,17 @@ def _metadata(req: SendRequest) -> dict:
         raise invalid(exc) from None
 
 
+def _start_options(metadata: dict) -> tuple[int, datetime | None]:
+    """Read the task's priority and delayed start from its metadata (`agenttasks.priority`,
+    `agenttasks.notBefore`: docs/a2a.md#creating-a-task), checked as REST checks them."""
+    try:
+        priority = checks.priority(metadata.get(PRIORITY_KEY, 0), PRIORITY_KEY)
+        moment = metadata.get(NOT_BEFORE_KEY)
+        return priority, None if moment is None else checks.moment(moment, NOT_BEFORE_KEY)
+    except errors.ApiError as exc:
+        raise invalid(exc) from None
+
+
 def _push_config(req: pb.SendMessageRequest):
     if not req.configuration.HasField("task_push_notification_config"):
         return None
@@ -219,6 +233,7 @@ def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None
         raise invalid(exc) from None
     agent = call.agent
     metadata = _metadata(req)
+    priority, not_before = _start_options(metadata)
     push_config = _push_config(req.proto)
     context_id = req.proto.message.context_id
     if len(context_id) > 200 or "\x00" in context_id:
@@ -237,6 +252,8 @@ def create(call: Call, req: SendRequest, incoming) -> tuple[pb.Task, Task | None
             metadata=metadata,
             uploads=incoming.uploads,
             before_commit=before_commit,
+            priority=priority,
+            not_before=not_before,
         )
     except files.FileRefused as exc:
         if exc.code in ("unsupported_media_type", "attachments_disabled"):

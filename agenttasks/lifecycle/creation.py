@@ -114,10 +114,13 @@ def spawn(
     tool_call_id: str = "",
     parent_run: Run | None = None,
     metadata: dict[str, Any] | None = None,
+    not_before: datetime | None = None,
+    priority: int = 0,
 ) -> TaskInfo:
     """Start a background task from a model's conversation; returns at once.
 
-    `metadata` is the task's, as REST's create takes it (an MCP client's agent call passes it).
+    `metadata` is the task's, as REST's create takes it (an MCP client's agent call passes it);
+    `not_before` and `priority` are `create`'s.
     """
     if parent is None:
         raise SpawnError.no_parent()
@@ -150,6 +153,8 @@ def spawn(
         tool_call_id=tool_call_id,
         metadata=metadata or {},
         run_id=run_id,
+        not_before=not_before,
+        priority=priority,
     )
     notify = queue.workers_listen()
     job = None if notify else queue.job_row(run_id)

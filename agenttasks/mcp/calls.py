@@ -106,6 +106,10 @@ def start(exchange: Exchange, agent_id: str, args: dict) -> "dict | CallFollower
     label = args.get("label") or ""
     check_label(label)
     metadata = rest_checked(checks.metadata, args.get("metadata") or {}, "metadata")
+    priority = rest_checked(checks.priority, args.get("priority", 0), "priority")
+    not_before = args.get("notBefore")
+    if not_before is not None:
+        not_before = rest_checked(checks.moment, not_before, "notBefore")
     session = exchange.session
     try:
         session.conversation()
@@ -116,6 +120,8 @@ def start(exchange: Exchange, agent_id: str, args: dict) -> "dict | CallFollower
             label=label,
             tool_call_id=call_id(exchange.message.id),
             metadata=metadata,
+            not_before=not_before,
+            priority=priority,
         )
     except TaskError as exc:
         return error_result(exc)

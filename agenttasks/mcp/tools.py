@@ -81,6 +81,17 @@ AGENT_PROPERTIES = {
         "type": "object",
         "description": "JSON metadata kept with the task, as the REST API takes it",
     },
+    "priority": {
+        "type": "integer",
+        "minimum": -100,
+        "maximum": 100,
+        "description": "Higher first, within each owner's share of the workers (default 0)",
+    },
+    "notBefore": {
+        "type": "string",
+        "format": "date-time",
+        "description": "Start no earlier than this (ISO 8601 with an offset)",
+    },
 }
 AGENT_PARAMETERS = {
     "type": "object",

@@ -5,8 +5,12 @@ the same checks to what their messages and tool arguments carry.
 """
 
 import json
+from datetime import datetime
+
+from django.utils.dateparse import parse_datetime
 
 from ..conf import app_settings
+from ..lifecycle import priorities
 from ..lifecycle.answers import AnswerError, checked, unstorable
 from ..models import RESERVED_METADATA
 from ..store import files
@@ -36,6 +40,34 @@ def metadata(value, path: str = "metadata") -> dict:
     if size > limit:
         raise errors.validation(f"{path} must be at most {limit} bytes", path)
     return value
+
+
+def priority(value, name: str = "priority") -> int:
+    """Check a task priority: an integer from -100 to 100 (lifecycle.priorities).
+
+    A whole float (`5.0`) counts: A2A's clients send metadata numbers as protobuf doubles.
+    """
+    low, high = priorities.LOWEST, priorities.HIGHEST
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise errors.validation(f"{name} must be an integer from {low} to {high}", name)
+    return value
+
+
+def moment(value, name: str = "notBefore") -> datetime:
+    """Check an ISO 8601 date and time with its offset (`2026-12-05T09:00:00Z`)."""
+    try:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well formed, but no such day or hour
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise errors.validation(
+            f"{name} must be an ISO 8601 date and time with an offset, "
+            "such as 2026-12-05T09:00:00Z",
+            name,
+        )
+    return parsed
 
 
 def reserved_free(value: dict) -> None:

@@ -3,6 +3,7 @@
 by SendMessage with the task's id; contexts; the REST limits; protocol error codes."""
 
 import json
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -12,6 +13,7 @@ from a2a.utils.errors import (
     InvalidParamsError,
     UnsupportedOperationError,
 )
+from django.utils import timezone
 
 from agenttasks.models import File, Task
 
@@ -249,3 +251,19 @@ def test_a_body_that_is_not_utf_8_is_a_parse_error_on_both_bindings(server, alic
     )
     assert rest.status_code == 400, rest.text
     assert Task.objects.count() == 0
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_metadata_sets_the_priority_and_the_delayed_start(peer, binding):
+    later = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    client = peer("echo", binding)
+    metadata = {"agenttasks.priority": 5, "agenttasks.notBefore": later.isoformat()}
+    task = client.send(text_message("later"), immediately=True, metadata=metadata)
+    assert task.status.state == State.TASK_STATE_SUBMITTED
+    row = Task.objects.select_related("run").get(pk=task.id)
+    assert (row.priority, row.run.not_before, row.status) == (5, later, "pending")
+    with pytest.raises(InvalidParamsError):
+        client.send(text_message("x"), immediately=True, metadata={"agenttasks.priority": "high"})
+    with pytest.raises(InvalidParamsError):
+        client.send(text_message("x"), immediately=True, metadata={"agenttasks.notBefore": "soon"})
+    assert Task.objects.count() == 1

@@ -244,3 +244,18 @@ def test_a_call_is_refused_a_place_before_it_starts_anything(server, alice, sett
     assert held[0].headers["Content-Type"].startswith("text/event-stream")
     assert '"status":"pending"' in held[0].text and "MCP_CALL_TIMEOUT" in held[0].text
     assert not Slot.objects.exists()
+
+
+def test_an_agent_call_checks_its_priority_and_start_as_rest_does(server, alice):
+    token = alice.token
+    session = session_of(server, token)
+
+    def tool(arguments):
+        return post(server, call("echo", arguments), token=token, headers=session)
+
+    assert refused(tool({"input": "x", "priority": 500}), 400, INVALID_PARAMS)["message"] == (
+        "priority must be an integer from -100 to 100"
+    )
+    refusal = refused(tool({"input": "x", "notBefore": "soon"}), 400, INVALID_PARAMS)
+    assert refusal["message"].startswith("notBefore must be an ISO 8601 date and time")
+    assert not Task.objects.filter(owner=alice).exists()

@@ -9,12 +9,21 @@ leaves out (or sends as null) becomes the field's `absent` value.
 
 from typing import Any
 
-from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
 from ...delivery import callbacks
 from ...toolkit import errors
-from ...toolkit.checks import answer, blank, metadata, reserved_free, storable, text, uploads
+from ...toolkit.checks import (
+    answer,
+    blank,
+    metadata,
+    moment,
+    priority,
+    reserved_free,
+    storable,
+    text,
+    uploads,
+)
 
 # --- fields ----------------------------------------------------------------------------------
 
@@ -122,21 +131,12 @@ class Priority(Checked, serializers.IntegerField):
     """An integer from -100 to 100, 0 when left out (higher first)."""
 
     absent = 0
-    LOW, HIGH = -100, 100
 
     def __init__(self, **kwargs):
-        super().__init__(required=False, min_value=self.LOW, max_value=self.HIGH, **kwargs)
+        super().__init__(required=False, min_value=-100, max_value=100, **kwargs)
 
     def check(self, value, name):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not (self.LOW <= value <= self.HIGH)
-        ):
-            raise errors.validation(
-                f"{name} must be an integer from {self.LOW} to {self.HIGH}", name
-            )
-        return value
+        return priority(value, name)
 
 
 class Moment(Checked, serializers.DateTimeField):
@@ -146,14 +146,7 @@ class Moment(Checked, serializers.DateTimeField):
         super().__init__(required=False, **kwargs)
 
     def check(self, value, name):
-        moment = parse_datetime(value) if isinstance(value, str) else None
-        if moment is None or moment.tzinfo is None:
-            raise errors.validation(
-                f"{name} must be an ISO 8601 date and time with an offset, "
-                "such as 2026-12-05T09:00:00Z",
-                name,
-            )
-        return moment
+        return moment(value, name)
 
 
 class Refused(Checked, serializers.BooleanField):
