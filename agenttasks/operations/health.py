@@ -17,10 +17,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from ..conf import app_settings
-from ..models import ReaperPass, Run, WorkerProcess
+from ..models import ProviderBudget, ReaperPass, Run, WorkerProcess
 from ..states import RunStatus
 
 REAPER = "reaper"
+LIMITED_AFTER = 10.0  # seconds: a model endpoint whose next turn is further off is at its limit
 
 
 def record_pass() -> None:
@@ -40,7 +41,7 @@ def _check_sql(details: bool) -> str:
     """One statement: the last pass, the live worker processes' slots, and with `details` the
     queue and the expired leases."""
     runs, passes = Run._meta.db_table, ReaperPass._meta.db_table
-    workers = WorkerProcess._meta.db_table
+    workers, budgets = WorkerProcess._meta.db_table, ProviderBudget._meta.db_table
     figures = (
         f""",
             (SELECT COUNT(*) FROM {runs} WHERE status = %s),
@@ -51,7 +52,10 @@ def _check_sql(details: bool) -> str:
         else ""
     )
     return f"""
-        SELECT p.finished_at, p.node, w.processes, w.slots, w.busy{figures}
+        SELECT p.finished_at, p.node, w.processes, w.slots, w.busy,
+            (SELECT endpoint FROM {budgets} WHERE next_start > %s
+              ORDER BY next_start DESC LIMIT 1),
+            (SELECT MAX(next_start) FROM {budgets}){figures}
         FROM (SELECT 1 AS one) AS o LEFT JOIN {passes} AS p ON p.name = %s
         CROSS JOIN (SELECT COUNT(*) AS processes, COALESCE(SUM(slots), 0) AS slots,
                            COALESCE(SUM(busy), 0) AS busy
@@ -78,8 +82,12 @@ def check(*, details: bool) -> tuple[bool, dict]:
     params: list = [RunStatus.QUEUED, RunStatus.QUEUED, RunStatus.RUNNING, cutoff, cutoff]
     try:
         with connection.cursor() as cursor:
-            cursor.execute(_check_sql(details), [*(params if details else []), REAPER, cutoff])
-            last, node, processes, slots, busy, *figures = cursor.fetchone()
+            limited_after = now + timedelta(seconds=LIMITED_AFTER)
+            cursor.execute(
+                _check_sql(details),
+                [limited_after, *(params if details else []), REAPER, cutoff],
+            )
+            last, node, processes, slots, busy, endpoint, next_start, *figures = cursor.fetchone()
         queued, oldest, expired = figures if details else (None, None, None)
     except DatabaseError as exc:
         return False, {"status": "degraded", "reasons": [f"database unreachable: {exc}".strip()]}
@@ -96,6 +104,13 @@ def check(*, details: bool) -> tuple[bool, dict]:
     if processes and busy >= slots:
         # Not a fault: new runs wait in the queue until a slot frees (docs/rest.md#health).
         body["saturated"] = f"every worker slot is busy ({busy} runs in flight in {slots} slots)"
+    next_start = _aware(next_start)
+    wait = _age(next_start, now) if next_start is not None else 0.0
+    if endpoint is not None:
+        # Not a fault either: runs wait their turn (docs/operating.md#meeting-your-providers-limits).
+        body["limited"] = (
+            f'model endpoint "{endpoint}" is at its limit: a new request waits {wait:g} s'
+        )
     if details:
         body["details"] = {
             "database": {"roundTripMs": round(round_trip * 1000, 2)},
@@ -108,6 +123,7 @@ def check(*, details: bool) -> tuple[bool, dict]:
                 "oldestQueuedAgeSeconds": None if oldest is None else _age(now, oldest),
             },
             "leases": {"expired": expired},
+            "limits": {"longestWaitSeconds": wait},
             "workers": {
                 "processes": processes,
                 "slots": slots,

@@ -14,7 +14,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from agenttasks import store
-from agenttasks.models import ReaperPass, Run
+from agenttasks.models import ProviderBudget, ReaperPass, Run
 from agenttasks.operations import health
 from agenttasks.types import NewTask
 
@@ -88,6 +88,24 @@ def test_staff_get_the_details_in_three_queries(admin_client, user, django_asser
     assert details["leases"] == {"expired": 1}
     assert 0 < details["database"]["roundTripMs"] < 100
     assert elapsed < 0.1
+
+
+def test_a_model_endpoint_at_its_limit_is_said_without_changing_the_status(
+    client, admin_client, django_assert_max_num_queries
+):
+    health.record_pass()
+    ProviderBudget.objects.create(endpoint="calm", next_start=timezone.now() + timedelta(seconds=2))
+    assert client.get(URL).json() == {"status": "ok"}  # a short wait is not being at the limit
+    ProviderBudget.objects.create(endpoint="busy", next_start=timezone.now() + timedelta(minutes=1))
+    with django_assert_max_num_queries(1):
+        response = client.get(URL)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["limited"].startswith(
+        'model endpoint "busy" is at its limit: a new request waits 5'
+    )
+    details = admin_client.get(URL).json()["details"]
+    assert 55 < details["limits"]["longestWaitSeconds"] <= 60
 
 
 def test_a_staff_token_or_basic_login_gets_the_details_and_no_one_else(client, user):
