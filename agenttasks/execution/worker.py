@@ -32,6 +32,7 @@ from ..compat import django_q
 from ..conf import app_settings
 from ..exceptions import RunNotFound
 from ..models import Run, WorkerProcess
+from ..operations import metrics
 from ..runtime.base import release_connection
 from ..runtime.driver import HOST, beater, drive, reconnecting, worker_identity
 from ..types import Claimed
@@ -163,6 +164,9 @@ class RunPool:
         finally:
             release_connection()
         runs = claimed.runs
+        if runs:
+            metrics.record_claims(runs, timezone.now())
+            release_connection()
         with self._lock:
             self.held -= free - len(runs)
             if len(runs) == free or claimed.passed:

@@ -32,6 +32,12 @@ logger = logging.getLogger(__name__)
 DURATION_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 BUCKET_LABELS = (*(floatToGoString(b) for b in DURATION_BUCKETS), "+Inf")  # "0.1" … "5.0"
 DURATION = "agenttasks_run_duration_seconds"
+QUEUE_WAIT = "agenttasks_run_queue_wait_seconds"
+HISTOGRAMS = {
+    DURATION: ("How long runs executed, by agent and outcome.", ["agent", "outcome"]),
+    QUEUE_WAIT: ("How long runs waited from queued (or due) to claimed, by trigger.", ["trigger"]),
+}
+TOP_OWNERS = 20  # owners with the most queued runs shown by agenttasks_runs_queued_by_owner
 COUNTERS = {
     "agenttasks_orphans_failed_total": "Runs the reaper failed because their lease expired.",
     "agenttasks_callbacks_total": "Callbacks sent, by outcome (delivered or failed).",
@@ -114,15 +120,30 @@ def record_run(run: Run, outcome: str, seconds: float, usage: Mapping | None) ->
     increment(rows)
 
 
-def _run_rows(run: Run, outcome: str, seconds: float, usage: Mapping | None) -> list:
+def _observed(name: str, labels: dict[str, str], seconds: float) -> list:
+    """The counter rows of one observation in a histogram: its bucket, its sum, its count."""
     bounds = zip(DURATION_BUCKETS, BUCKET_LABELS, strict=False)  # "+Inf" has no bound
     bucket = next((label for bound, label in bounds if seconds <= bound), "+Inf")
-    labels = {"agent": run.agent, "outcome": outcome}
-    rows = [
-        (f"{DURATION}_bucket", {**labels, "le": bucket}, 1),
-        (f"{DURATION}_sum", labels, seconds),
-        (f"{DURATION}_count", labels, 1),
+    return [
+        (f"{name}_bucket", {**labels, "le": bucket}, 1),
+        (f"{name}_sum", labels, seconds),
+        (f"{name}_count", labels, 1),
     ]
+
+
+def record_claims(runs: Iterable[Run], now) -> None:
+    """Count how long each claimed run waited in the queue: from when it was queued, or from
+    its delayed start when it had one."""
+    rows = []
+    for run in runs:
+        since = max(run.queued_at, run.not_before) if run.not_before else run.queued_at
+        waited = max(0.0, (now - since).total_seconds())
+        rows.extend(_observed(QUEUE_WAIT, {"trigger": run.trigger}, waited))
+    increment(rows)
+
+
+def _run_rows(run: Run, outcome: str, seconds: float, usage: Mapping | None) -> list:
+    rows = _observed(DURATION, {"agent": run.agent, "outcome": outcome}, seconds)
     for kind, amount in spent(run, usage).items():
         rows.append(("agenttasks_tokens_total", {"agent": run.agent, "kind": kind}, max(amount, 0)))
     return rows
@@ -173,8 +194,32 @@ class _Collector:
             "Running runs whose heartbeat is older than LEASE_TIMEOUT.",
             value=lease_expired_count(cutoff),
         )
+        yield from _queue_shares(now)
         yield from _slots(cutoff)
         yield from _counters(Counter.objects.values_list("name", "labels", "value"))
+
+
+def _queue_shares(now):
+    """The runs waiting for a delayed start, and the queued runs of the owners with the most."""
+    yield GaugeMetricFamily(
+        "agenttasks_runs_delayed",
+        "Queued runs waiting for a delayed start (not_before).",
+        value=Run.objects.not_due(now).count(),
+    )
+    by_owner = GaugeMetricFamily(
+        "agenttasks_runs_queued_by_owner",
+        f"Queued runs of the {TOP_OWNERS} owners with the most (anonymous: the empty owner).",
+        labels=["owner"],
+    )
+    owners = (
+        Run.objects.filter(status=RunStatus.QUEUED)
+        .values_list("conversation__owner_id")
+        .annotate(n=Count("pk"))
+        .order_by("-n")[:TOP_OWNERS]
+    )
+    for owner, n in owners:
+        by_owner.add_metric(["" if owner is None else str(owner)], n)
+    yield by_owner
 
 
 def _slots(seen_since):
@@ -213,17 +258,16 @@ def _counters(rows):
         for labels, value in values[name]:
             family.add_metric([labels.get(key, "") for key in label_names], value)
         yield family
-    yield _histogram(values)
+    for name, (help_text, label_names) in HISTOGRAMS.items():
+        yield _histogram(values, name, help_text, label_names)
 
 
-def _histogram(values) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(
-        DURATION, "How long runs executed, by agent and outcome.", labels=["agent", "outcome"]
-    )
+def _histogram(values, name: str, help_text: str, label_names: list[str]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, help_text, labels=label_names)
     buckets: dict[tuple, dict[str, float]] = defaultdict(dict)
-    for labels, value in values[f"{DURATION}_bucket"]:
-        buckets[(labels["agent"], labels["outcome"])][labels["le"]] = value
-    sums = {(lb["agent"], lb["outcome"]): v for lb, v in values[f"{DURATION}_sum"]}
+    for labels, value in values[f"{name}_bucket"]:
+        buckets[tuple(labels[k] for k in label_names)][labels["le"]] = value
+    sums = {tuple(lb[k] for k in label_names): v for lb, v in values[f"{name}_sum"]}
     for key in sorted(set(buckets) | set(sums)):
         running, cumulative = 0.0, []
         for bound in BUCKET_LABELS:

@@ -187,3 +187,25 @@ def test_the_kept_task_counts_follow_every_write(user, recording_queue):
     assert list(TaskCount.objects.order_by("pk").values_list("status", "shard", "n")) == before
     lifecycle.delete_conversation(Task.objects.filter(status="completed").first().conversation_id)
     assert metrics.tasks_by_status() == _direct_counts()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_shares_delays_and_the_wait_before_a_claim(client, user):
+    other = type(user).objects.create_user("b")
+    later = timezone.now() + timedelta(hours=1)
+    for owner, n in ((user, 3), (other, 1)):
+        for i in range(n):
+            store.create_task(NewTask(owner=owner, agent="echo", input=str(i)))
+    store.create_task(NewTask(owner=user, agent="echo", input="later", not_before=later))
+    Run.objects.update(queued_at=timezone.now() - timedelta(seconds=3))
+    with override_settings(AGENTTASKS={"METRICS_ENABLED": True}):
+        claimed = store.claim_many("host:1", 2).runs
+        metrics.record_claims(claimed, timezone.now())
+        samples = scrape(client)
+    assert value(samples, "agenttasks_runs_delayed") == 1
+    assert value(samples, "agenttasks_runs_queued_by_owner", owner=str(user.pk)) == 3
+    assert value(samples, "agenttasks_runs_queued_by_owner", owner=str(other.pk)) is None
+    wait = "agenttasks_run_queue_wait_seconds"
+    assert value(samples, f"{wait}_count", trigger="initial") == 2
+    assert value(samples, f"{wait}_bucket", trigger="initial", le="2.5") == 0
+    assert value(samples, f"{wait}_bucket", trigger="initial", le="5.0") == 2
