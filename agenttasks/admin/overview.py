@@ -3,13 +3,14 @@
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Min, Q
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from .. import lifecycle
 from ..conf import app_settings
-from ..models import PendingAction, Run, Task
+from ..flow import budgets
+from ..models import PendingAction, ProviderBudget, Run, Task
 from ..operations import health
 from ..states import TERMINAL, ActionStatus, RunStatus, TaskStatus
 from .base import human_duration, lease, lease_cutoff, seconds_between
@@ -42,6 +43,7 @@ def context(now=None) -> dict:
             for task in failed.order_by("-finished_at")[:LIST_LIMIT]
         ],
         **_runs_to_watch(now),
+        **_queue_and_limits(now),
         "open_actions": actions["open"],
         "overdue_actions": actions["overdue"],
         "lease_timeout": app_settings.LEASE_TIMEOUT,
@@ -176,4 +178,39 @@ def chart(now) -> dict:
         "label_y": TOP + PLOT_HEIGHT + 16,
         "left": LEFT,
         "finished": sum(b["total"] for b in bars),
+    }
+
+
+def _queue_and_limits(now) -> dict:
+    """The queue by owner (the owners with the most queued runs) and each endpoint's budget."""
+    owners = (
+        Run.objects.filter(status=RunStatus.QUEUED)
+        .values("conversation__owner__username")
+        .annotate(queued=Count("id"), oldest=Min("queued_at"))
+        .order_by("-queued")[:LIST_LIMIT]
+    )
+    limits = []
+    for budget in ProviderBudget.objects.order_by("endpoint")[:LIST_LIMIT]:
+        wait = (budget.next_start - now).total_seconds() if budget.next_start else 0.0
+        limits.append(
+            {
+                "endpoint": budget.endpoint,
+                "configured": budgets.described(budget.endpoint),
+                "learned": f"{budget.learned_rate:.1f}/s" if budget.learned_rate else "—",
+                "wait": human_duration(wait) if wait > 0 else "now",
+                "limited": wait > health.LIMITED_AFTER,
+                "refusals": budget.refusals,
+            }
+        )
+    return {
+        "queue_by_owner": [
+            {
+                "owner": row["conversation__owner__username"],
+                "queued": row["queued"],
+                "oldest": human_duration(seconds_between(row["oldest"])),
+            }
+            for row in owners
+        ],
+        "delayed": Run.objects.not_due(now).count(),
+        "limits": limits,
     }

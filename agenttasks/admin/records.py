@@ -279,6 +279,4 @@ class ProviderBudgetAdmin(ReadOnlyAdmin):
 
     @admin.display(description="configured limits")
     def configured(self, budget):
-        limits = budgets.limits_of(budget.endpoint)
-        given = {key: getattr(limits, key) for key in budgets.LIMIT_KEYS}
-        return ", ".join(f"{key} {value:g}" for key, value in given.items() if value) or "none"
+        return budgets.described(budget.endpoint)

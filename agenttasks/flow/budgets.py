@@ -61,6 +61,13 @@ def limits_of(endpoint: str) -> Limits:
     return Limits(**{key: given.get(key) for key in LIMIT_KEYS})
 
 
+def described(endpoint: str) -> str:
+    """Say an endpoint's configured limits in a line (`requests_per_minute 3000, concurrent 5`)."""
+    limits = limits_of(endpoint)
+    given = {key: getattr(limits, key) for key in LIMIT_KEYS}
+    return ", ".join(f"{key} {value:g}" for key, value in given.items() if value) or "none"
+
+
 def problems(setting) -> list[str]:
     """Say what is wrong with a MODEL_LIMITS value (the system check agenttasks.E007)."""
     if not isinstance(setting, dict):

@@ -792,6 +792,27 @@ def test_read_only_lists_and_pages_render(admin_client, admin_user, model, setti
 # --- overview ----------------------------------------------------------------------------------
 
 
+def test_overview_shows_the_queue_by_owner_and_the_limits(admin_client, admin_user, settings):
+    settings.AGENTTASKS = {"MODEL_LIMITS": {"default": {"requests_per_minute": 60}}}
+    other = UserFactory(username="bob")
+    for owner, n in ((admin_user, 3), (other, 1)):
+        for i in range(n):
+            store.create_task(NewTask(owner=owner, agent="echo", input=str(i)))
+    waiting(other)
+    for _ in range(20):  # twenty turns at one a second: the last is 19 s away
+        budgets.reserve("default", 1, 30)
+    response = admin_client.get(url("task_overview"))
+    owners = {row["owner"]: row["queued"] for row in response.context["queue_by_owner"]}
+    assert owners == {"admin": 3, "bob": 2} and response.context["delayed"] == 1
+    (limit,) = response.context["limits"]
+    assert limit["configured"] == "requests_per_minute 60" and limit["limited"]
+    html = response.content.decode()
+    assert (
+        "Queue by owner (1 waiting for a delayed start)" in html
+        and "requests_per_minute 60" in html
+    )
+
+
 def test_overview(admin_client, admin_user, settings):
     settings.AGENTTASKS = {"LEASE_TIMEOUT": 30}
     now = timezone.now()
