@@ -3,14 +3,18 @@
 Every chat completion is answered after `--latency` seconds: streamed in `--pieces` pieces (the
 first after half the latency, the rest spread over the other half), or whole. It counts the
 requests it has in flight and the most it ever had; `GET /stats` answers them as JSON and
-`POST /reset` zeroes them.
+`POST /reset` zeroes them. With `--rate N` it refuses, as providers do, a request beyond N started
+in the last second (429 with `Retry-After: 1`); it counts the refusals and the most requests it
+started in any one second.
 
-    .venv/bin/python bench/model_server.py --port 8790 --latency 2 --pieces 20
+    .venv/bin/python bench/model_server.py --port 8790 --latency 2 --pieces 20 --rate 50
 """
 
 import argparse
 import asyncio
+import collections
 import json
+import time
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
 
@@ -20,10 +24,35 @@ class Stats:
         self.in_flight = 0
         self.peak = 0
         self.served = 0
+        self.refused = 0
+        self.busiest_second = 0
+        self.started: collections.deque[float] = collections.deque()
+
+    def admit(self, rate: int) -> bool:
+        """Whether a request may start now under `rate` a second (0: any), counting it if so."""
+        now = time.monotonic()
+        while self.started and self.started[0] <= now - 1:
+            self.started.popleft()
+        if rate and len(self.started) >= rate:
+            self.refused += 1
+            return False
+        self.started.append(now)
+        self.busiest_second = max(self.busiest_second, len(self.started))
+        return True
+
+    def reset(self) -> None:
+        self.peak, self.served, self.refused, self.busiest_second = self.in_flight, 0, 0, 0
+        self.started.clear()
 
     def as_json(self) -> bytes:
         return json.dumps(
-            {"inFlight": self.in_flight, "peak": self.peak, "served": self.served}
+            {
+                "inFlight": self.in_flight,
+                "peak": self.peak,
+                "served": self.served,
+                "refused": self.refused,
+                "busiestSecond": self.busiest_second,
+            }
         ).encode()
 
 
@@ -82,15 +111,18 @@ async def _answer(writer, stats: Stats, body: bytes, latency: float, pieces: int
         stats.served += 1
 
 
-def _respond(writer, status: int, body: bytes) -> None:
+def _respond(writer, status: int, body: bytes, headers: str = "") -> None:
     writer.write(
-        f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n"
+        f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n{headers}"
         f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
 
 
-async def main(port: int, latency: float, pieces: int) -> None:
+LIMITED = json.dumps({"error": {"message": "Rate limit reached", "type": "requests"}}).encode()
+
+
+async def main(port: int, latency: float, pieces: int, rate: int) -> None:
     stats = Stats()
 
     async def serve(reader, writer):
@@ -104,9 +136,10 @@ async def main(port: int, latency: float, pieces: int) -> None:
                 if method == "GET" and path == "/stats":
                     _respond(writer, 200, stats.as_json())
                 elif method == "POST" and path == "/reset":
-                    stats.peak = stats.in_flight
-                    stats.served = 0
+                    stats.reset()
                     _respond(writer, 200, stats.as_json())
+                elif not stats.admit(rate):
+                    _respond(writer, 429, LIMITED, "Retry-After: 1\r\n")
                 else:
                     await _answer(writer, stats, body, latency, pieces)
                 await writer.drain()
@@ -126,5 +159,6 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=8790)
     parser.add_argument("--latency", type=float, default=2.0)
     parser.add_argument("--pieces", type=int, default=20)
+    parser.add_argument("--rate", type=int, default=0, help="requests a second (0: no limit)")
     args = parser.parse_args()
-    asyncio.run(main(args.port, args.latency, args.pieces))
+    asyncio.run(main(args.port, args.latency, args.pieces, args.rate))

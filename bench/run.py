@@ -57,6 +57,63 @@ def in_flight(n: int, slots: int | None = None, start: int = 0) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
+def provider_limits(n: int, scenario: str, configured: bool = True) -> dict:
+    """P9 in a subprocess: one scenario of bench/limits.py against a provider of 50 requests/s."""
+    command = [sys.executable, "limits.py", f"--n={n}", f"--scenario={scenario}", "--json"]
+    if not configured:
+        command.append("--unconfigured")
+    output = subprocess.run(
+        command, cwd=HERE, env=os.environ.copy(), capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def limit_rows(n: int) -> list[tuple[str, str, str, str]]:
+    """P9: the provider's limit, configured and learned; fairness; priority; two clusters."""
+    rows = []
+    for configured in (True, False):
+        burst = provider_limits(n, "burst", configured)
+        failed = burst["statuses"].get("failed", 0)
+        rows.append(
+            (
+                f"P9 {n} chat tasks against 50 requests/s, the limit "
+                + ("configured" if configured else "learned from 429s"),
+                f"{burst['seconds']:.1f} s",
+                f"{burst['seconds'] / burst['ideal']:.2f}x ideal {burst['ideal']:g} s; {failed} "
+                f"failed, {burst['refused']} 429s, busiest second {burst['busiestSecond']}",
+                "goal <= 1.2x, 0 failed" + (", 0 429s" if configured else ""),
+            )
+        )
+    two = provider_limits(n, "two-clusters")
+    rows.append(
+        (
+            f"P9 two clusters on one database, {n} tasks, the limit configured",
+            f"{two['seconds']:.1f} s",
+            f"{two['refused']} 429s, busiest second {two['busiestSecond']}",
+            "goal busiest second <= 50",
+        )
+    )
+    fair = provider_limits(n, "fairness")
+    rows.append(
+        (
+            f"P9 fairness: user B's 10 tasks, one a second, behind user A's {n}",
+            f"p95 {fair['b_p95']:.2f} s",
+            f"p50 {fair['b_p50']:.2f} s to leave pending; A drained in {fair['a_seconds']:.1f} s",
+            "goal p95 <= 2 s",
+        )
+    )
+    urgent = provider_limits(n, "priority")
+    rows.append(
+        (
+            f"P9 priority: a priority-100 task behind {n} queued",
+            f"{urgent['urgent_start']:.2f} s",
+            "to leave pending",
+            "goal <= 1 s",
+        )
+    )
+    return rows
+
+
 def in_process_bound(n: int) -> dict[str, list]:
     """The in-process figures with psycopg's server-side binding, in a subprocess."""
     output = subprocess.run(
@@ -82,6 +139,9 @@ def main() -> None:
         else (2_000, 30, 1_000_000, 10_000, 500, 1_000)
     )
     rows: list[tuple[str, str, str, str]] = []
+
+    rows.extend(limit_rows(flying))
+    print_table(rows)
 
     many = in_flight(flying, start=k)
     one = in_flight(100, slots=1)

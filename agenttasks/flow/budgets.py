@@ -26,7 +26,13 @@ from ..conf import app_settings
 from ..models import ProviderBudget, ProviderPermit
 
 LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "concurrent")
-SLOWDOWN = 0.8  # a refusal sets the learned rate to this share of the rate the cluster sent
+# The share of a configured rate the starts are spaced by: a start that comes late (a busy
+# process, a slow statement) bunches with the next ones, and the provider counts arrivals.
+HEADROOM = 0.9
+# A refusal sets the learned rate to this share of the rate the cluster sent: a little below a
+# configured rate (the setting is trusted, the refusal may be a moment's bunching), well below
+# a rate the cluster only guessed.
+SLOWDOWN = {"configured": 0.95, "guessed": 0.8}
 GROWTH = 0.1  # the learned rate grows back by this share a second while nothing is refused
 QUIET = 5.0  # seconds after a refusal before the learned rate grows again
 DROP_EVERY = 1.0  # seconds: the learned rate drops once in this time at most
@@ -152,7 +158,8 @@ def refused(endpoint: str, wait: float | None) -> None:
         if row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY:
             # With a rate, starts follow it; without, every reservation started at once.
             sent = _rate(limits, row) or _decayed(row, now)
-            row.learned_rate = max(LEAST_RATE, sent * SLOWDOWN)
+            slowdown = SLOWDOWN["configured" if limits.requests_per_minute else "guessed"]
+            row.learned_rate = max(LEAST_RATE, sent * slowdown)
             row.limited_at = now
         row.next_start = max(row.next_start or now, row.paused_until or now)
         row.refusals += 1
@@ -174,16 +181,14 @@ def _locked(endpoint: str) -> ProviderBudget:
 
 def _rate(limits: Limits, row: ProviderBudget) -> float | None:
     """The requests a second the endpoint may start: the configured or the learned, the lower."""
-    rates = [
-        r
-        for r in (limits.requests_per_minute and limits.requests_per_minute / 60, row.learned_rate)
-        if r
-    ]
+    configured = limits.requests_per_minute and HEADROOM * limits.requests_per_minute / 60
+    rates = [r for r in (configured, row.learned_rate) if r]
     return min(rates) if rates else None
 
 
 def _token_time(limits: Limits, tokens: int) -> timedelta:
-    return timedelta(seconds=60 * tokens / float(limits.tokens_per_minute or math.inf))
+    per_minute = HEADROOM * float(limits.tokens_per_minute or math.inf)
+    return timedelta(seconds=60 * tokens / per_minute)
 
 
 def _decayed(row: ProviderBudget, now: datetime) -> float:
@@ -200,6 +205,6 @@ def _grow(row: ProviderBudget, limits: Limits, now: datetime) -> None:
     quiet = row.limited_at is None or (now - row.limited_at).total_seconds() > QUIET
     if row.learned_rate is not None and quiet:
         row.learned_rate *= 1 + GROWTH * min(elapsed, 1.0)
-        configured = limits.requests_per_minute and limits.requests_per_minute / 60
+        configured = limits.requests_per_minute and HEADROOM * limits.requests_per_minute / 60
         if configured and row.learned_rate >= configured:
             row.learned_rate = None  # the configured rate bounds it again

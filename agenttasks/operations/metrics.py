@@ -47,6 +47,7 @@ COUNTERS = {
     "agenttasks_provider_wait_seconds_total": "Seconds model requests waited for their turn.",
     "agenttasks_provider_refusals_total": "Refusals (429, 503) a provider answered, by endpoint.",
     "agenttasks_provider_patience_ran_out_total": "Runs failed waiting on a limit, by endpoint.",
+    "agenttasks_provider_late_turns_total": "Requests that missed their turn and took another.",
     "agenttasks_tokens_total": "Tokens runs spent, by agent and kind (input, output, total).",
 }
 

@@ -39,11 +39,19 @@ NO_MODEL = (
 )
 POLL = 0.05  # how often a run waiting on its inline children looks at their progress
 BUSY_POLL = (0.05, 1.0)  # a full concurrency limit: the first wait for a permit, the longest
+# A request that would leave more than LATE seconds after its turn takes a new turn (LATE_TURNS
+# times at most): the provider counts arrivals, and a late one arrives with the turns after it.
+LATE, LATE_TURNS = 0.02, 2
 RETRY_AFTER_CAP = 30.0  # seconds: the longest wait before a retry that is not for a limit
 PATIENCE_TEXT = (
     "The model provider's rate limit kept this run waiting longer than its patience "
     '({patience:g}s) on endpoint "{endpoint}"'
 )
+
+
+class LateTurn(Exception):
+    """A request that would leave later than its turn allows (the process was busy): sent, it
+    would arrive together with the turns after it, and providers count arrivals."""
 
 
 class ModelError(Exception):
@@ -208,14 +216,25 @@ class _ModelIO:
         ).start()
 
     def send(
-        self, url: str, headers: dict, body: bytes, timeout: float, on_piece: Callable | None
+        self,
+        url: str,
+        headers: dict,
+        body: bytes,
+        timeout: float,
+        on_piece: Callable | None,
+        not_after: float | None = None,
     ) -> Future:
-        """Start one request; its future holds (response, None) or (None, the joined stream)."""
+        """Start one request; its future holds (response, None) or (None, the joined stream).
+
+        A request that cannot leave by `not_after` (monotonic) is not sent: LateTurn.
+        """
         return asyncio.run_coroutine_threadsafe(
-            self._send(url, headers, body, httpx.Timeout(timeout), on_piece), self.loop
+            self._send(url, headers, body, httpx.Timeout(timeout), on_piece, not_after), self.loop
         )
 
-    async def _send(self, url, headers, body, timeout, on_piece):
+    async def _send(self, url, headers, body, timeout, on_piece, not_after):
+        if not_after is not None and time.monotonic() > not_after:
+            raise LateTurn()
         if on_piece is None:
             return await self.client.post(url, content=body, headers=headers, timeout=timeout), None
         request = self.client.build_request(
@@ -322,11 +341,20 @@ class ModelClient:
         body = request_body(self.config.model, messages, tools, params)
         estimate = estimated_tokens(body, params)
         patience_ends = time.monotonic() + self.config.patience
-        attempt = 0
+        attempt, late_turns = 0, LATE_TURNS
         while True:
             turn = self._turn(estimate, patience_ends)
+            not_after = None
+            if late_turns and not turn.busy:
+                ahead = (turn.start - timezone.now()).total_seconds()
+                not_after = time.monotonic() + max(ahead, 0.0) + LATE
             try:
-                response = self._send(body, on_delta)
+                response = self._send(body, on_delta, not_after)
+            except LateTurn:
+                self._budget(budgets.release, turn)
+                late_turns -= 1
+                metrics.count("agenttasks_provider_late_turns_total", endpoint=turn.endpoint)
+                continue
             except ModelError as exc:
                 self._budget(budgets.release, turn)
                 metrics.count("agenttasks_model_requests_total", outcome="error")
@@ -398,7 +426,9 @@ class ModelClient:
             raise BudgetExceeded(budget_text)
         self.ctx.wait(seconds)
 
-    def _send(self, body: bytes, on_delta: Callable | None = None) -> Response:
+    def _send(
+        self, body: bytes, on_delta: Callable | None = None, not_after: float | None = None
+    ) -> Response:
         timeout, cut = self.config.timeout, ""
         left, budget_text = self.budget.wall_deadline()
         if left is not None and left < timeout:
@@ -406,7 +436,9 @@ class ModelClient:
         if timeout <= 0:
             raise BudgetExceeded(cut)
         woken = threading.Event()
-        future = model_io().send(self.config.url, self.config.headers, body, timeout, on_delta)
+        future = model_io().send(
+            self.config.url, self.config.headers, body, timeout, on_delta, not_after
+        )
         future.add_done_callback(lambda _: woken.set())
         try:
             answered = self.ctx.wait(timeout, future.done, woken)
@@ -418,6 +450,8 @@ class ModelClient:
             self._timed_out(cut)
         try:
             response, streamed = future.result()
+        except LateTurn:
+            raise
         except StreamError as exc:
             raise ModelError(str(exc)) from None
         except httpx.TimeoutException:

@@ -1,0 +1,237 @@
+"""P9, a provider's limits: chat tasks against a model server that refuses beyond its rate.
+
+The fake model server (bench/model_server.py --rate) answers after `--latency` seconds and refuses
+a request beyond `--rate` started in the last second (429, `Retry-After: 1`), as providers do.
+Each scenario runs on a fresh demo cluster on PostgreSQL (docs/performance.md, P9):
+
+- burst: N tasks created at once, with the limit configured (MODEL_LIMITS) and without (learned
+  from the 429s): how long until all settle (ideal N / rate + latency), how many failed, how many
+  429s the server answered, and the most requests it started in one second;
+- fairness: user A creates N tasks, then user B creates 10, one a second: B's start latency;
+- priority: a task of priority 100 created behind N queued tasks: its start latency;
+- two clusters on one database share the limit.
+
+    .venv/bin/python bench/limits.py --n 1000 --rate 50 --latency 2
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from common import Cluster, clean, setup_django, wait_until
+
+HERE = Path(__file__).resolve().parent
+MODEL_PORT = 8791
+AGENT = "chatter"
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def overrides(rate: int | None) -> dict:
+    values = {
+        "MAX_ACTIVE_TASKS_PER_USER": 0,
+        "METRICS_ENABLED": False,
+        "MODEL_BASE_URL": f"http://127.0.0.1:{MODEL_PORT}/v1",
+        "DEFAULT_MODEL": "fake",
+        "AGENTS": {AGENT: {"runtime": "chat", "does": "answers", "stream": True}},
+    }
+    if rate:
+        values["MODEL_LIMITS"] = {"default": {"requests_per_minute": rate * 60}}
+    return values
+
+
+def model_server(latency: float, rate: int) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "model_server.py"),
+            f"--port={MODEL_PORT}",
+            f"--latency={latency}",
+            f"--rate={rate}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    process.stdout.readline()  # "listening on …"
+    return process
+
+
+def model(path: str) -> dict:
+    method = httpx.post if path == "reset" else httpx.get
+    return method(f"http://127.0.0.1:{MODEL_PORT}/{path}", timeout=5).json()
+
+
+def user(name: str):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.get_or_create(username=name)[0]
+
+
+def create(owner, n: int, threads: int = 4, **fields) -> list[str]:
+    """Create n chat tasks in `threads` threads; return their ids."""
+    from django.db import connection
+
+    from agenttasks import lifecycle
+
+    made: list[str] = []
+
+    def make(share: int) -> None:
+        try:
+            for i in range(share):
+                made.append(
+                    lifecycle.create(owner=owner, agent_id=AGENT, input=f"q {i}", **fields).id
+                )
+        finally:
+            connection.close()
+
+    shares = [n // threads + (1 if k < n % threads else 0) for k in range(threads)]
+    workers = [threading.Thread(target=make, args=(share,)) for share in shares]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return made
+
+
+def settled(ids=None) -> int:
+    from agenttasks.models import Task
+
+    rows = Task.objects.filter(status__in=TERMINAL)
+    return rows.filter(pk__in=ids).count() if ids is not None else rows.count()
+
+
+def started_within(task_id: str, timeout: float = 120) -> float:
+    """Seconds from now (the task just created) until it leaves `pending`, polled every 20 ms.
+
+    Measured on this process's clock: the claim's own timestamps are taken before its statement
+    runs, so under load they can precede the create.
+    """
+    from agenttasks.models import Task
+
+    begun = time.monotonic()
+    wait_until(
+        lambda: not Task.objects.filter(pk=task_id, status="pending").exists(), timeout, 0.02
+    )
+    return time.monotonic() - begun
+
+
+def statuses() -> dict[str, int]:
+    from django.db.models import Count
+
+    from agenttasks.models import Task
+
+    return dict(Task.objects.values_list("status").annotate(n=Count("pk")))
+
+
+def burst(n: int, workers: int, clusters: int = 1) -> dict:
+    clean()
+    running = [Cluster(workers) for _ in range(clusters)]
+    try:
+        model("reset")
+        started = time.monotonic()
+        create(user("a"), n)
+        ended = wait_until(lambda: settled() >= n, 900, poll=0.1)
+        figures = model("stats")
+    finally:
+        for cluster in running:
+            cluster.stop()
+    return {"seconds": round(ended - started, 1), "statuses": statuses(), **figures}
+
+
+def fairness(n: int, workers: int, late: int = 10) -> dict:
+    """A's N tasks at once, then B's `late` tasks one a second: their start latencies."""
+    clean()
+    cluster = Cluster(workers)
+    try:
+        model("reset")
+        started = time.monotonic()
+        create(user("a"), n)
+        b_latency = []
+        for _ in range(late):
+            begun = time.monotonic()
+            (b_id,) = create(user("b"), 1, threads=1)
+            b_latency.append(time.monotonic() - begun + started_within(b_id))
+            time.sleep(max(0.0, begun + 1 - time.monotonic()))
+        b_latency.sort()
+        ended = wait_until(lambda: settled() >= n + late, 900, poll=0.1)
+        figures = model("stats")
+    finally:
+        cluster.stop()
+    return {
+        "b_p50": round(statistics.median(b_latency), 2),
+        "b_p95": round(b_latency[max(0, round(0.95 * len(b_latency)) - 1)], 2),
+        "a_seconds": round(ended - started, 1),
+        "statuses": statuses(),
+        **figures,
+    }
+
+
+def priority(n: int, workers: int) -> dict:
+    """A task of priority 100 created behind N queued tasks: its start latency."""
+    clean()
+    cluster = Cluster(workers)
+    try:
+        model("reset")
+        create(user("a"), n)
+        time.sleep(2)  # the backlog is claimed and waits its turns
+        begun = time.monotonic()
+        (urgent,) = create(user("a"), 1, threads=1, priority=100)
+        latency = time.monotonic() - begun + started_within(urgent)
+        wait_until(lambda: settled() >= n + 1, 900, poll=0.1)
+    finally:
+        cluster.stop()
+    return {"urgent_start": round(latency, 2), "statuses": statuses()}
+
+
+def run_scenario(name: str, args) -> dict:
+    if name == "burst":
+        return burst(args.n, args.workers)
+    if name == "two-clusters":
+        return burst(args.n, max(1, args.workers // 2), clusters=2)
+    if name == "fairness":
+        return fairness(args.n, args.workers)
+    return priority(args.n, args.workers)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--rate", type=int, default=50)
+    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--unconfigured", action="store_true", help="learn the limit from 429s")
+    parser.add_argument(
+        "--scenario", choices=["burst", "two-clusters", "fairness", "priority"], default="burst"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON line (run.py)")
+    args = parser.parse_args()
+    os.environ["AGENTTASKS_OVERRIDES"] = json.dumps(
+        overrides(None if args.unconfigured else args.rate)
+    )
+    setup_django()
+    server = model_server(args.latency, args.rate)
+    try:
+        result = run_scenario(args.scenario, args)
+    finally:
+        server.terminate()
+    ideal = args.n / args.rate + args.latency
+    result.update(
+        scenario=args.scenario,
+        n=args.n,
+        rate=args.rate,
+        configured=not args.unconfigured,
+        ideal=round(ideal, 1),
+    )
+    print(json.dumps(result) if args.json else result)
+
+
+if __name__ == "__main__":
+    main()
