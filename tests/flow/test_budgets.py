@@ -27,11 +27,14 @@ def gaps(reservations):
     return [(b - a).total_seconds() for a, b in zip(starts, starts[1:], strict=False)]
 
 
+HEADROOM = budgets.HEADROOM  # the share of a configured rate the starts are spaced by
+
+
 def test_starts_are_spaced_by_the_configured_rate():
     with limited(requests_per_minute=600):  # 10 a second
         made = [budgets.reserve("llm", 10, 30) for _ in range(5)]
     assert made[0].start <= timezone.now()
-    assert gaps(made) == pytest.approx([0.1] * 4, abs=0.01)
+    assert gaps(made) == pytest.approx([1 / (10 * HEADROOM)] * 4, abs=0.01)
 
 
 def test_an_endpoint_without_limits_starts_at_once():
@@ -44,11 +47,12 @@ def test_tokens_are_reserved_and_corrected_by_the_usage():
     with limited(tokens_per_minute=6000):  # 100 tokens a second
         first = budgets.reserve("llm", 50, 30)
         second = budgets.reserve("llm", 50, 30)
-        assert (second.start - first.start).total_seconds() == pytest.approx(0.5, abs=0.01)
+        spacing = 50 / (100 * HEADROOM)
+        assert (second.start - first.start).total_seconds() == pytest.approx(spacing, abs=0.01)
         before = ProviderBudget.objects.get(pk="llm").next_tokens
         budgets.release(second, used_tokens=150)  # it used 100 more than it reserved
         after = ProviderBudget.objects.get(pk="llm").next_tokens
-    assert (after - before).total_seconds() == pytest.approx(1.0, abs=0.01)
+    assert (after - before).total_seconds() == pytest.approx(100 / (100 * HEADROOM), abs=0.01)
 
 
 def test_a_refusal_pauses_the_endpoint_and_lowers_its_rate():
@@ -56,11 +60,12 @@ def test_a_refusal_pauses_the_endpoint_and_lowers_its_rate():
         budgets.reserve("llm", 1, 30)
         budgets.refused("llm", 2.0)
         row = ProviderBudget.objects.get(pk="llm")
-        assert row.learned_rate == pytest.approx(80.0)
+        learned = 100 * HEADROOM * budgets.SLOWDOWN["configured"]
+        assert row.learned_rate == pytest.approx(learned)
         assert row.refusals == 1
         after = [budgets.reserve("llm", 1, 30) for _ in range(3)]
     assert after[0].start >= timezone.now() + timedelta(seconds=1.5)
-    assert gaps(after) == pytest.approx([1 / 80] * 2, abs=0.002)
+    assert gaps(after) == pytest.approx([1 / learned] * 2, abs=0.002)
 
 
 def test_the_refusals_of_one_moment_lower_the_rate_once():
@@ -68,7 +73,8 @@ def test_the_refusals_of_one_moment_lower_the_rate_once():
         for _ in range(5):
             budgets.refused("llm", 0)
     row = ProviderBudget.objects.get(pk="llm")
-    assert row.learned_rate == pytest.approx(80.0) and row.refusals == 5
+    learned = 100 * HEADROOM * budgets.SLOWDOWN["configured"]
+    assert row.learned_rate == pytest.approx(learned) and row.refusals == 5
 
 
 def test_without_a_setting_the_rate_is_learned_from_what_was_sent():
