@@ -67,7 +67,12 @@ def increment(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> None:
     """
     if not app_settings.METRICS_ENABLED:
         return
-    values = [(name, _labels(labels), float(amount)) for name, labels, amount in rows if amount]
+    summed: dict[tuple[str, str], float] = defaultdict(float)
+    for name, labels, amount in rows:
+        if amount:
+            summed[(name, _labels(labels))] += float(amount)
+    # One row per counter: an upsert may not touch a row twice.
+    values = [(name, labels, amount) for (name, labels), amount in summed.items()]
     if not values:
         return
     table = Counter._meta.db_table

@@ -38,11 +38,16 @@ CATALOGUE = {
 
 
 def catalogue(cursor) -> dict[str, dict[str, str]]:
-    """Return each kind of schema object, by name, with its definition."""
+    """Return each kind of schema object, by name, with its definition (without the faults the
+    tests inject, `agenttasks_test_*`, which a test may have left in the test database)."""
     found = {}
     for kind, query in CATALOGUE.items():
         cursor.execute(query)
-        found[kind] = dict(sorted(cursor.fetchall()))
+        found[kind] = {
+            name: definition
+            for name, definition in sorted(cursor.fetchall())
+            if "agenttasks_test_" not in name
+        }
     return found
 
 
