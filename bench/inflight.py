@@ -42,14 +42,18 @@ def overrides(slots: int | None) -> dict:
     return values
 
 
-def model_server(latency: float, pieces: int) -> subprocess.Popen:
+def model_server(
+    latency: float, pieces: int = 20, port: int = MODEL_PORT, rate: int = 0
+) -> subprocess.Popen:
+    """Start bench/model_server.py (`rate`: refuse beyond that many starts a second)."""
     process = subprocess.Popen(
         [
             sys.executable,
             str(HERE / "model_server.py"),
-            f"--port={MODEL_PORT}",
+            f"--port={port}",
             f"--latency={latency}",
             f"--pieces={pieces}",
+            f"--rate={rate}",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -124,17 +128,20 @@ def settled() -> int:
     return Task.objects.filter(status__in=TERMINAL).count()
 
 
-def create(n: int, threads: int = 4) -> None:
+def create(n: int, threads: int = 4, owner=None, **fields) -> list[str]:
+    """Create n chat tasks (of `owner`, else the bench user) in `threads` threads; their ids."""
     from django.db import connection
 
     from agenttasks import lifecycle
 
-    user = bench_user()
+    user = owner or bench_user()
+    made: list[str] = []
 
     def make(share: int) -> None:
         try:
             for i in range(share):
-                lifecycle.create(owner=user, agent_id=AGENT, input=f"question {i}")
+                task = lifecycle.create(owner=user, agent_id=AGENT, input=f"question {i}", **fields)
+                made.append(task.id)
         finally:
             connection.close()
 
@@ -144,6 +151,7 @@ def create(n: int, threads: int = 4) -> None:
         worker.start()
     for worker in workers:
         worker.join()
+    return made
 
 
 def measure(n: int, workers: int) -> dict:

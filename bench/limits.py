@@ -18,18 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import httpx
 from common import Cluster, clean, setup_django, wait_until
+from inflight import AGENT, create, model_server
 
-HERE = Path(__file__).resolve().parent
 MODEL_PORT = 8791
-AGENT = "chatter"
 TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -46,22 +41,6 @@ def overrides(rate: int | None) -> dict:
     return values
 
 
-def model_server(latency: float, rate: int) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(HERE / "model_server.py"),
-            f"--port={MODEL_PORT}",
-            f"--latency={latency}",
-            f"--rate={rate}",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    process.stdout.readline()  # "listening on …"
-    return process
-
-
 def model(path: str) -> dict:
     method = httpx.post if path == "reset" else httpx.get
     return method(f"http://127.0.0.1:{MODEL_PORT}/{path}", timeout=5).json()
@@ -71,32 +50,6 @@ def user(name: str):
     from django.contrib.auth import get_user_model
 
     return get_user_model().objects.get_or_create(username=name)[0]
-
-
-def create(owner, n: int, threads: int = 4, **fields) -> list[str]:
-    """Create n chat tasks in `threads` threads; return their ids."""
-    from django.db import connection
-
-    from agenttasks import lifecycle
-
-    made: list[str] = []
-
-    def make(share: int) -> None:
-        try:
-            for i in range(share):
-                made.append(
-                    lifecycle.create(owner=owner, agent_id=AGENT, input=f"q {i}", **fields).id
-                )
-        finally:
-            connection.close()
-
-    shares = [n // threads + (1 if k < n % threads else 0) for k in range(threads)]
-    workers = [threading.Thread(target=make, args=(share,)) for share in shares]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    return made
 
 
 def settled(ids=None) -> int:
@@ -135,7 +88,7 @@ def burst(n: int, workers: int, clusters: int = 1) -> dict:
     try:
         model("reset")
         started = time.monotonic()
-        create(user("a"), n)
+        create(n, owner=user("a"))
         ended = wait_until(lambda: settled() >= n, 900, poll=0.1)
         figures = model("stats")
     finally:
@@ -151,11 +104,11 @@ def fairness(n: int, workers: int, late: int = 10) -> dict:
     try:
         model("reset")
         started = time.monotonic()
-        create(user("a"), n)
+        create(n, owner=user("a"))
         b_latency = []
         for _ in range(late):
             begun = time.monotonic()
-            (b_id,) = create(user("b"), 1, threads=1)
+            (b_id,) = create(1, threads=1, owner=user("b"))
             b_latency.append(time.monotonic() - begun + started_within(b_id))
             time.sleep(max(0.0, begun + 1 - time.monotonic()))
         b_latency.sort()
@@ -178,10 +131,10 @@ def priority(n: int, workers: int) -> dict:
     cluster = Cluster(workers)
     try:
         model("reset")
-        create(user("a"), n)
+        create(n, owner=user("a"))
         time.sleep(2)  # the backlog is claimed and waits its turns
         begun = time.monotonic()
-        (urgent,) = create(user("a"), 1, threads=1, priority=100)
+        (urgent,) = create(1, threads=1, owner=user("a"), priority=100)
         latency = time.monotonic() - begun + started_within(urgent)
         wait_until(lambda: settled() >= n + 1, 900, poll=0.1)
     finally:
@@ -217,7 +170,7 @@ def main() -> None:
         overrides(None if args.unconfigured else args.rate)
     )
     setup_django()
-    server = model_server(args.latency, args.rate)
+    server = model_server(args.latency, port=MODEL_PORT, rate=args.rate)
     try:
         result = run_scenario(args.scenario, args)
     finally:
