@@ -30,6 +30,25 @@ class UnknownAgent(LookupError):
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """When a run that failed for a passing reason is tried again (docs/delegation.md#retry-policy).
+
+    Attempt k + 1 starts `backoff_seconds × 2^(k−1)` seconds after attempt k failed, at most
+    `max_backoff_seconds`, less a random share of up to `jitter` (so retries do not bunch).
+    """
+
+    max_attempts: int = 1  # 1: no automatic retry
+    backoff_seconds: float = 1.0
+    max_backoff_seconds: float = 60.0
+    jitter: float = 0.25
+
+    def delay(self, failed_attempt: int, draw: float) -> float:
+        """Seconds before the attempt after `failed_attempt`; `draw` is uniform in [0, 1)."""
+        exponential = self.backoff_seconds * 2 ** max(failed_attempt - 1, 0)
+        return min(exponential, self.max_backoff_seconds) * (1 - self.jitter * draw)
+
+
+@dataclass(frozen=True)
 class AgentDef:
     """A validated agent definition."""
 
@@ -54,6 +73,7 @@ class AgentDef:
     timeout_seconds: float | None = None
     endpoint: str = "default"  # chat: whose limits its requests draw from (MODEL_LIMITS)
     patience_seconds: float | None = None  # chat: the longest wait for the provider's limits
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # automatic retries
 
     @property
     def timeout(self) -> float:
@@ -72,6 +92,28 @@ class AgentDef:
             "budget": self.budget,
             "hitl": self.hitl,
         }
+
+
+RETRY_KEYS = tuple(RetryPolicy.__dataclass_fields__)
+
+
+def _check_retry(agent_id: str, retry) -> RetryPolicy:
+    if not isinstance(retry, dict):
+        raise _fail(agent_id, f"retry must be a dict, not {retry!r}")
+    unknown = sorted(set(retry) - set(RETRY_KEYS))
+    if unknown:
+        raise _fail(agent_id, f"retry: unknown keys {unknown}")
+    for key, value in retry.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key == "max_attempts":
+            valid = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        elif key == "jitter":
+            valid = number and 0 <= value <= 1
+        else:
+            valid = number and value > 0
+        if not valid:
+            raise _fail(agent_id, f"retry: {key} has an invalid value {value!r}")
+    return RetryPolicy(**retry)
 
 
 def _fail(agent_id, message) -> ImproperlyConfigured:
@@ -236,6 +278,7 @@ def build(agent_id: str, **fields) -> AgentDef:
         patience_seconds=_check_seconds(
             agent_id, "patience_seconds", fields.get("patience_seconds")
         ),
+        retry=_check_retry(agent_id, fields.get("retry") or {}),
     )
 
 

@@ -37,6 +37,7 @@ class OutcomeStatus(models.TextChoices):
     FAILED = "failed", "failed"
     CANCELLED = "cancelled", "cancelled"
     INPUT_REQUIRED = "input_required", "input required"
+    PARKED = "parked", "parked"  # queued again to wait for its provider's limit
 
 
 class TaskKind(models.TextChoices):
@@ -107,7 +108,7 @@ TRANSITIONS: dict[tuple[str | None, str], str] = {
     (None, S.PENDING): "create / spawn",
     (S.PENDING, S.RUNNING): "a worker claims the current run",
     (S.PENDING, S.PENDING): "continuation advance (new run id)",
-    (S.RUNNING, S.PENDING): "continuation advance (new run id)",
+    (S.RUNNING, S.PENDING): "continuation advance or automatic retry (new run id), or a park",
     (S.RUNNING, S.WAITING_FOR_INPUT): "the run pauses",
     (S.WAITING_FOR_INPUT, S.PENDING): "an answer or a comment resumes it",
     **{(src, dst): "finalize" for src in LIVE for dst in TERMINAL},

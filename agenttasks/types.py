@@ -62,7 +62,7 @@ class RunOutcome:
     """How a run ended, as its runtime reports it to `lifecycle.on_run_finished`."""
 
     run_id: str | None
-    status: str  # completed, failed, cancelled or input_required
+    status: str  # completed, failed, cancelled, input_required or parked
     text: str = ""
     error: str = ""
     graceful_stop: bool = False
@@ -73,6 +73,9 @@ class RunOutcome:
     metadata: dict[str, Any] = field(default_factory=dict)
     # False when the runtime already appended its reply to the log (the chat loop does).
     append_message: bool = True
+    retryable: bool = False  # a failure that may pass: the agent's retry policy may try again
+    parked: dict[str, Any] | None = None  # parked: the turn it keeps (Run.parked_turn)
+    parked_until: datetime | None = None  # parked: queued again to start no earlier than this
 
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:

@@ -60,6 +60,29 @@ class Reservation:
     permit: int | None = None
     busy: bool = False
 
+    def held(self, since: datetime) -> dict:
+        """Say this turn as a parked run keeps it (`Run.parked_turn`), waiting since `since`."""
+        return {
+            "endpoint": self.endpoint,
+            "start": self.start.isoformat(),
+            "tokens": self.tokens,
+            "permit": self.permit,
+            "since": since.isoformat(),
+        }
+
+
+def held_turn(parked: dict | None) -> tuple[Reservation, datetime] | None:
+    """Read the turn a parked run holds, and since when it waits (None: it holds none)."""
+    if not parked:
+        return None
+    turn = Reservation(
+        parked["endpoint"],
+        datetime.fromisoformat(parked["start"]),
+        parked.get("tokens") or 0,
+        parked.get("permit"),
+    )
+    return turn, datetime.fromisoformat(parked["since"])
+
 
 def limits_of(endpoint: str) -> Limits:
     """Return the limits MODEL_LIMITS gives `endpoint` (none when it names no limits)."""

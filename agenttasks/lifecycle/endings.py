@@ -8,12 +8,14 @@ from .. import ids, signals, store
 from ..conf import app_settings
 from ..delivery import wakeups
 from ..exceptions import SpawnError, TaskNotFound
+from ..flow import budgets
 from ..models import Run, Task
 from ..states import TERMINAL, OutcomeStatus, RunStatus, StopReason, StopRequest, TaskStatus
 from ..types import ConversationRef, Ending, RunOutcome, TaskInfo, usage_shape
 from .base import check_agent, conversation_id_of, info, read
-from .effects import announce, launch, own_run_boundary, resume_if_settled
+from .effects import announce, launch, launch_durable, own_run_boundary, resume_if_settled
 from .reading import meta_for
+from .retries import retry_later
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,13 @@ def on_run_finished(
             return
         task = read(meta.task_id)
     run_id = outcome.run_id or task.run_id
+    if outcome.status == OutcomeStatus.PARKED:
+        if _park(task, run_id, outcome):
+            return
+        # Not parked (asked to stop, or moved on): it ends as a run stopped at a turn boundary.
+        outcome = dataclasses.replace(outcome, status=OutcomeStatus.COMPLETED, graceful_stop=True)
+    if outcome.status == OutcomeStatus.FAILED and retry_later(task, run_id, outcome):
+        return
     if outcome.status == OutcomeStatus.INPUT_REQUIRED:
         if _pause(task, run_id, outcome) or not _stopping_after_turn(run_id):
             return
@@ -163,6 +172,20 @@ def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
         logger.info("lifecycle.pause_lost task=%s run=%s", task.id, run_id)
         return False
     announce(won)
+    return True
+
+
+def _park(task: Task, run_id: str, outcome: RunOutcome) -> bool:
+    """Queue the run again until shortly before the turn it keeps; whether it was parked."""
+    assert outcome.parked is not None and outcome.parked_until is not None
+    won = store.park(task.id, run_id, outcome.parked_until, outcome.parked)
+    if won is None:
+        held = budgets.held_turn(outcome.parked)
+        if held is not None:
+            budgets.release(held[0])  # nobody will take that turn now
+        return False
+    announce(won)
+    launch_durable(run_id)  # the claimers learn when it is due
     return True
 
 

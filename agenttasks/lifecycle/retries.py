@@ -1,13 +1,23 @@
-"""Retrying a failed task as a new attempt, and the rule of who may be retried."""
+"""Retrying a failed task as a new attempt, and the rule of who may be retried; automatic
+retries by an agent's retry policy."""
 
-from .. import ids, store
+import logging
+import random
+from datetime import timedelta
+
+from django.utils import timezone
+
+from .. import ids, registry, store
 from ..conf import app_settings
 from ..exceptions import LaunchFailed, NotRetryable, RetryConflict, RetryLimit, TaskError, TaskLimit
 from ..models import Task
+from ..operations import metrics
 from ..states import TaskStatus
-from ..types import TaskInfo
+from ..types import RunOutcome, TaskInfo
 from .base import DELEGATE, check_agent, info, read, refuse
-from .effects import announce, launch
+from .effects import announce, launch, launch_durable
+
+logger = logging.getLogger(__name__)
 
 
 def retry(task_id: str) -> TaskInfo:
@@ -60,3 +70,28 @@ def retry_refusal(task: Task) -> TaskError | None:
     if task.attempt_no() >= limit:
         return RetryLimit(limit, task_id=task.id, attempt=task.attempt_no(), info=info(task))
     return None
+
+
+def retry_later(task: Task, run_id: str, outcome: RunOutcome) -> bool:
+    """Try a task again after its run failed for a passing reason, as its agent's retry policy
+    allows (docs/lifecycle.md#automatic-retries); whether the next attempt was queued."""
+    if not outcome.retryable or task.kind == DELEGATE:
+        return False
+    try:
+        policy = registry.get(task.agent).retry
+    except registry.UnknownAgent:
+        return False
+    attempt = task.attempt_no()
+    if attempt >= policy.max_attempts:
+        return False
+    delay = policy.delay(attempt, random.random())
+    not_before = timezone.now() + timedelta(seconds=delay)
+    new_run_id = ids.new_run_id()
+    won = store.retry_later(task.id, run_id, new_run_id, outcome, not_before)
+    if won is None:
+        return False
+    logger.info("lifecycle.retry_later task=%s attempt=%d in=%.1fs", task.id, attempt + 1, delay)
+    metrics.count("agenttasks_task_retries_total", agent=task.agent)
+    announce(won)
+    launch_durable(new_run_id)
+    return True

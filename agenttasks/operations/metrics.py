@@ -48,6 +48,8 @@ COUNTERS = {
     "agenttasks_provider_refusals_total": "Refusals (429, 503) a provider answered, by endpoint.",
     "agenttasks_provider_patience_ran_out_total": "Runs failed waiting on a limit, by endpoint.",
     "agenttasks_provider_late_turns_total": "Requests that missed their turn and took another.",
+    "agenttasks_provider_parks_total": "Runs parked to wait for a turn far off, by endpoint.",
+    "agenttasks_task_retries_total": "Automatic retries after a passing failure, by agent.",
     "agenttasks_tokens_total": "Tokens runs spent, by agent and kind (input, output, total).",
 }
 
@@ -211,6 +213,11 @@ def _queue_shares(now):
         "agenttasks_runs_delayed",
         "Queued runs waiting for a delayed start (not_before).",
         value=Run.objects.not_due(now).count(),
+    )
+    yield GaugeMetricFamily(
+        "agenttasks_runs_parked",
+        "Queued runs parked until their turn at their provider (PARK_AFTER).",
+        value=Run.objects.not_due(now).filter(parked_turn__isnull=False).count(),
     )
     by_owner = GaugeMetricFamily(
         "agenttasks_runs_queued_by_owner",

@@ -14,6 +14,7 @@ from .. import lifecycle
 from ..conf import _positive_number, app_settings
 from ..exceptions import TaskError
 from ..models import Comment, Event, File, PendingAction, Run
+from ..states import TaskKind
 from ..store.files import storage
 from ..types import ActionRequest
 from .budget import Budget, BudgetExceeded, Window
@@ -40,6 +41,11 @@ class RunStopped(Exception):
 
 class GracefulStop(Exception):
     """Raised where a run asked to stop after its turn would otherwise pause for a person."""
+
+
+class RetryableError(Exception):
+    """Raised by a callable agent for a failure that may pass: the task is tried again as its
+    agent's retry policy allows (docs/delegation.md#retry-policy), else it fails with the text."""
 
 
 class PauseRun(Exception):
@@ -252,6 +258,11 @@ class RunContext:
             for c in Comment.objects.filter(task_id=self.task.id).order_by("created_at", "id")
         ]
         return {**(self.task.metadata or {}), "comments": comments}
+
+    def may_park(self) -> bool:
+        """Say whether this run may give back its slot to wait (a task's own run: a delegate's
+        caller waits on it inline, and a conversation's turn is answered while the person waits)."""
+        return self.task is not None and self.task.kind != TaskKind.DELEGATE
 
     # delegation and budgets ------------------------------------------------------------------
     @property

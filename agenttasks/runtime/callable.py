@@ -3,7 +3,15 @@
 from ..states import OutcomeStatus, TaskKind
 from ..types import RunOutcome
 from . import result_files
-from .base import GracefulStop, PauseRun, Reply, RunContext, RunStopped, release_connection
+from .base import (
+    GracefulStop,
+    PauseRun,
+    Reply,
+    RetryableError,
+    RunContext,
+    RunStopped,
+    release_connection,
+)
 
 
 def execute(ctx: RunContext) -> RunOutcome:
@@ -19,6 +27,9 @@ def execute(ctx: RunContext) -> RunOutcome:
         return RunOutcome(ctx.run_id, OutcomeStatus.COMPLETED, graceful_stop=True)
     except RunStopped:
         return RunOutcome(ctx.run_id, OutcomeStatus.CANCELLED)
+    except RetryableError as exc:
+        error = str(exc) or type(exc).__name__
+        return RunOutcome(ctx.run_id, OutcomeStatus.FAILED, error=error, retryable=True)
     if reply is None:
         reply = Reply()
     elif isinstance(reply, str):

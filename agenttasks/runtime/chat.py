@@ -22,7 +22,7 @@ from . import task_tools as background
 from .base import RunContext, RunStopped
 from .budget import BudgetExceeded
 from .content import user_content
-from .model_client import POLL, ModelClient, ModelError, Response
+from .model_client import POLL, ModelClient, ModelError, Parked, Response
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,10 @@ class ChatRun:
         except BudgetExceeded as exc:
             return self._outcome(OutcomeStatus.FAILED, error=str(exc))
         except ModelError as exc:
-            return self._outcome(OutcomeStatus.FAILED, error=str(exc))
+            return self._outcome(OutcomeStatus.FAILED, error=str(exc), retryable=exc.transient)
+        except Parked as exc:
+            self.budget.own.turns -= 1  # the turn is taken when the parked run comes back
+            return self._outcome(OutcomeStatus.PARKED, parked=exc.held, parked_until=exc.until)
         finally:
             self._save_usage()
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import httpx
 from django.utils import timezone
@@ -49,6 +50,20 @@ PATIENCE_TEXT = (
 )
 
 
+# A parked run is due this long before its turn (at most half of PARK_AFTER), to be on time.
+PARK_EARLY = 3.0
+
+
+class Parked(Exception):
+    """A request's turn is further off than PARK_AFTER: the run gives back its slot and is
+    queued again until shortly before the turn, which it keeps (`held`, Run.parked_turn)."""
+
+    def __init__(self, held: dict, until):
+        super().__init__("the run is parked until its turn")
+        self.held = held
+        self.until = until
+
+
 class LateTurn(Exception):
     """A request that would leave later than its turn allows (the process was busy): sent, it
     would arrive together with the turns after it, and providers count arrivals."""
@@ -64,11 +79,15 @@ class ModelError(Exception):
         retryable: bool = False,
         retry_after: float | None = None,
         limited: bool = False,
+        transient: bool | None = None,
     ):
         super().__init__(message)
-        self.retryable = retryable
+        self.retryable = retryable  # this request may be sent again (MODEL_RETRIES)
         self.retry_after = retry_after
         self.limited = limited  # the provider's "later": a 429, or a 503 that says when
+        # A failure that may pass (a 5xx, a lost connection, a timeout): the task may be tried
+        # again by its agent's retry policy.
+        self.transient = retryable if transient is None else transient
 
 
 @dataclass
@@ -326,6 +345,10 @@ class ModelClient:
         self.config = config(ctx.agent)
         self.ctx = ctx
         self.budget = budget
+        # The turn this run kept when it was parked, if it was: its first request takes it.
+        self.held = budgets.held_turn(getattr(ctx.run, "parked_turn", None))
+        self.park_after = float(app_settings.PARK_AFTER or 0) if ctx.may_park() else 0.0
+        model_io()  # started now (its TLS context takes a while), not between a turn and its send
 
     def complete(
         self, messages: list, tools: list, params: dict, on_delta: Callable | None = None
@@ -340,10 +363,13 @@ class ModelClient:
             params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         body = request_body(self.config.model, messages, tools, params)
         estimate = estimated_tokens(body, params)
-        patience_ends = time.monotonic() + self.config.patience
+        held, since = self._take_held()
+        patience = self.config.patience - (timezone.now() - since).total_seconds()
+        patience_ends = time.monotonic() + patience
         attempt, late_turns = 0, LATE_TURNS
         while True:
-            turn = self._turn(estimate, patience_ends)
+            turn = self._turn(estimate, patience_ends, since, held)
+            held = None
             not_after = None
             if late_turns and not turn.busy:
                 ahead = (turn.start - timezone.now()).total_seconds()
@@ -378,17 +404,40 @@ class ModelClient:
                 metrics.count("agenttasks_model_requests_total", outcome="ok")
                 return response
 
-    def _turn(self, estimate: int, patience_ends: float) -> budgets.Reservation:
+    def _take_held(self) -> tuple[budgets.Reservation | None, datetime]:
+        """Take the turn this run kept when it was parked (once), and since when it waits.
+
+        A turn long past (the run was claimed late) is given back: a new one is reserved.
+        """
+        held, self.held = self.held, None
+        now = timezone.now()
+        if held is None:
+            return None, now
+        turn, since = held
+        if turn.endpoint != self.config.endpoint or (now - turn.start).total_seconds() > LATE:
+            self._budget(budgets.release, turn)
+            return None, since
+        return turn, since
+
+    def _turn(
+        self,
+        estimate: int,
+        patience_ends: float,
+        since: datetime,
+        held: budgets.Reservation | None = None,
+    ) -> budgets.Reservation:
         """Wait for this request's turn in its endpoint's shared budget; return its reservation.
 
-        The wait holds no database connection; a stop ends it. A turn beyond the run's patience
-        fails the run, saying it was the provider's limit.
+        The wait holds no database connection; a stop ends it. A turn further off than
+        PARK_AFTER parks the run (when it may park); a turn beyond the run's patience fails the
+        run, saying it was the provider's limit.
         """
         busy_wait = BUSY_POLL[0]
         while True:
-            turn = self._budget(
+            turn = held or self._budget(
                 budgets.reserve, self.config.endpoint, estimate, self.config.timeout
             )
+            held = None
             delay = busy_wait if turn.busy else (turn.start - timezone.now()).total_seconds()
             if delay <= 0:
                 metrics.count("agenttasks_provider_permits_total", endpoint=turn.endpoint)
@@ -399,6 +448,11 @@ class ModelClient:
                 raise ModelError(
                     PATIENCE_TEXT.format(patience=self.config.patience, endpoint=turn.endpoint)
                 )
+            if not turn.busy and self.park_after and delay > self.park_after:
+                metrics.count("agenttasks_provider_parks_total", endpoint=turn.endpoint)
+                early = min(PARK_EARLY, self.park_after / 2)
+                until = turn.start - timedelta(seconds=early)
+                raise Parked(turn.held(since), until)
             metrics.count("agenttasks_provider_waits_total", endpoint=turn.endpoint)
             metrics.count("agenttasks_provider_wait_seconds_total", delay, endpoint=turn.endpoint)
             try:
@@ -465,4 +519,6 @@ class ModelClient:
     def _timed_out(self, cut: str):
         if cut:  # the deadline came from a wall budget
             raise BudgetExceeded(cut)
-        raise ModelError(f"Model server timed out after {format(self.config.timeout, 'g')}s")
+        raise ModelError(
+            f"Model server timed out after {format(self.config.timeout, 'g')}s", transient=True
+        )

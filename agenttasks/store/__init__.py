@@ -9,6 +9,7 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.locking`: the locks and the event log;
 - `store.tasks`: task transitions; `store.claims`: claiming queued runs;
 - `store.endings`: a run's ending and the finalize;
+- `store.delays`: runs that start later (an automatic retry, a parked run);
 - `store.runs`: conversations and their runs without a task;
 - `store.sweeps`: the reaper's passes; `store.leases`: the heartbeat's;
 - `store.deletion`: deleting a conversation tree;
@@ -18,6 +19,7 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 
 from .claims import claim, claim_many, set_priority
 from .debts import consume_wakeup, drop_wakeups, mark_delivered
+from .delays import park, retry_later
 from .deletion import (
     conversation_tree,
     delete_tree,
@@ -110,6 +112,7 @@ __all__ = [
     "lock_principal",
     "lock_task",
     "mark_delivered",
+    "park",
     "mark_deleting",
     "pause",
     "pending_actions_below",
@@ -122,6 +125,7 @@ __all__ = [
     "stale_queued",
     "resume_paused",
     "retry_claim",
+    "retry_later",
     "retried",
     "retry_prompt",
     "start_conversation_run",

@@ -65,8 +65,15 @@ def owe_deliveries(task: Task) -> None:
     )
 
 
-def new_run(task: Task, run_id: str, trigger: str, input: str, now: datetime) -> Run:
-    """Create the task's next queued run (same attempt as the task)."""
+def new_run(
+    task: Task,
+    run_id: str,
+    trigger: str,
+    input: str,
+    now: datetime,
+    not_before: datetime | None = None,
+) -> Run:
+    """Create the task's next queued run (same attempt as the task), due at `not_before`."""
     return Run.objects.create(
         id=run_id,
         conversation_id=task.conversation_id,
@@ -77,6 +84,7 @@ def new_run(task: Task, run_id: str, trigger: str, input: str, now: datetime) ->
         attempt=task.attempt_no(),
         status=RunStatus.QUEUED,
         queued_at=now,
+        not_before=not_before,
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from agenttasks import lifecycle
-from agenttasks.models import ProviderBudget, Task
+from agenttasks.models import ProviderBudget, Run, Task
 
 from ..conftest import wait_for
 from ..fake_model import answer, http
@@ -125,3 +125,40 @@ def test_a_delayed_task_starts_at_its_time_on_a_real_cluster(start_cluster, mode
     started = Task.objects.get(pk=later.id).started_at
     assert at <= started < at + timedelta(seconds=3), (at, started)
     assert server.served["m-chat"] == 2
+
+
+def test_parked_runs_survive_a_sigkill_start_at_their_turn_and_can_be_cancelled(
+    start_cluster, model, user
+):
+    """A turn further off than PARK_AFTER parks the run: queued again with its turn kept, its
+    slot given back. Killed while parked, the cluster loses nothing: a new one starts each run
+    at its turn; a parked task can be cancelled."""
+    limits = {"default": {"requests_per_minute": 20}}  # a start every 3.3 s (at 90 %)
+    model.set(AGENTS=CHAT, MAX_ACTIVE_TASKS_PER_USER=0, MODEL_LIMITS=limits, PARK_AFTER=1)
+    server = model.script(lambda request: answer("done"))
+    cluster = start_cluster(workers=1, **model.values)
+    tasks = chat_tasks(user, 4)
+    ids = [t.id for t in tasks]
+
+    def parked():
+        return Run.objects.filter(task_id__in=ids, status="queued", parked_turn__isnull=False)
+
+    def one_done_three_parked():
+        done = Task.objects.filter(pk__in=ids, status="completed").count()
+        return done == 1 and parked().count() == 3
+
+    wait_for(one_done_three_parked, timeout=30, interval=0.1, message="one done, three parked")
+    cluster.kill()
+    for run in parked():
+        assert run.not_before > timezone.now() - timedelta(seconds=2)
+        assert run.worker == "" and run.task.status == "pending"
+    last = parked().order_by("-not_before").first()
+    lifecycle.cancel(last.task_id)
+    start_cluster(workers=1, **model.values)
+    statuses = all_settled(tasks, timeout=60)
+    assert sorted(statuses) == ["cancelled", "completed", "completed", "completed"]
+    assert server.served["m-chat"] == 3  # each run sent its request once, the cancelled none
+    arrivals = [r.arrived for r in server.requests]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    assert min(gaps) >= 3.0, gaps  # each at its turn, 3.3 s apart
+    assert Run.objects.filter(task_id__in=ids).count() == 4  # parked runs kept their ids

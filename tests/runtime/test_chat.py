@@ -7,8 +7,10 @@ transcript, interrupted calls, questions, stops) with the same harness.
 import json
 import socket
 import time
+from datetime import datetime, timedelta
 
 import pytest
+from django.utils import timezone
 
 from agenttasks import lifecycle
 from agenttasks.execution import worker
@@ -26,6 +28,7 @@ from ..fake_model import (
     answer,
     calls,
     disconnected,
+    events,
     hold,
     http,
     in_thread,
@@ -788,3 +791,30 @@ def test_the_demo_assistant_says_what_it_needs_and_uses_the_server_once_configur
         model.set(MODEL_BASE_URL=None, DEFAULT_MODEL=None)
         register_assistant()
     assert registry.get("assistant").runtime == "callable"
+
+
+def test_a_turn_further_off_than_park_after_parks_the_run_which_keeps_it(
+    model, agents, user, recording_queue
+):
+    model.set(MODEL_LIMITS={"default": {"requests_per_minute": 60}}, PARK_AFTER=0.5)
+    agents("plain", model="m-plain", stream=False)
+    server = model.script(lambda r: answer("ok"))
+    first = task_for_and_run(user, "plain", recording_queue)
+    second = task_for_and_run(user, "plain", recording_queue)
+    assert refresh(first).status == "completed"
+    parked = refresh(second)
+    assert (parked.status, parked.run.status) == ("pending", "queued")
+    held = parked.run.parked_turn
+    assert held["endpoint"] == "default" and parked.run.worker == ""
+    turn = datetime.fromisoformat(held["start"])
+    assert parked.run.not_before == turn - timedelta(seconds=0.25)  # half PARK_AFTER early
+    assert parked.run.turns == 0  # the turn it did not take is not counted
+    statuses = [e.data["to"] for e in events(parked.conversation_id, "task.status")]
+    assert statuses == ["pending", "running", "pending"]
+    wait_for(lambda: timezone.now() >= parked.run.not_before, timeout=5)
+    worker.execute_run(parked.run_id)
+    done = refresh(second)
+    assert (done.status, done.result, done.run_id) == ("completed", "ok", parked.run_id)
+    arrivals = [r.arrived for r in server.requests]
+    assert arrivals[1] - arrivals[0] >= 1.0  # it kept its turn: one a second at 90 %
+    assert server.served["m-plain"] == 2
