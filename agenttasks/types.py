@@ -41,6 +41,7 @@ class TaskMeta:
     label: str
     parent_conversation_id: str | None
     depth: int
+    priority: int = 0
 
 
 @dataclass(frozen=True)

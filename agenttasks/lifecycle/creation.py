@@ -115,17 +115,20 @@ def spawn(
     parent_run: Run | None = None,
     metadata: dict[str, Any] | None = None,
     not_before: datetime | None = None,
-    priority: int = 0,
+    priority: int | None = None,
 ) -> TaskInfo:
     """Start a background task from a model's conversation; returns at once.
 
     `metadata` is the task's, as REST's create takes it (an MCP client's agent call passes it);
-    `not_before` and `priority` are `create`'s.
+    `not_before` and `priority` are `create`'s. Without a `priority` the task takes the priority
+    of the task spawning it (0 from a conversation of no task): its work is that task's.
     """
     if parent is None:
         raise SpawnError.no_parent()
     meta = meta_for(parent)
     depth = 1
+    if priority is None:
+        priority = meta.priority if meta is not None else 0
     if meta is not None:
         depth = meta.depth + 1
         if depth > app_settings.MAX_DEPTH:

@@ -13,9 +13,14 @@ def set_priority(task_id: str, priority: int) -> None:
     Raises ValueError for a priority outside -100..100 and TaskNotFound for an unknown task. A
     queued run is claimed in its new place; a running one is not affected.
     """
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError("priority must be an integer from -100 to 100")
-    if not LOWEST <= priority <= HIGHEST:
-        raise ValueError("priority must be an integer from -100 to 100")
+    checked(priority)
     if not store.set_priority(task_id, priority):
         raise TaskNotFound(task_id)
+
+
+def checked(priority: int) -> int:
+    """Return the priority, or raise ValueError when it is not an integer from -100 to 100."""
+    valid = isinstance(priority, int) and not isinstance(priority, bool)
+    if not valid or not LOWEST <= priority <= HIGHEST:
+        raise ValueError("priority must be an integer from -100 to 100")
+    return priority

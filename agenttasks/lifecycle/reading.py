@@ -23,14 +23,16 @@ def meta_for(conversation: ConversationRef) -> TaskMeta | None:
     try:
         row = (
             Task.objects.filter(conversation_id=conversation_id)
-            .values("id", "label", "parent_conversation_id", "depth")
+            .values("id", "label", "parent_conversation_id", "depth", "priority")
             .first()
         )
     except DatabaseError as exc:
         raise SpawnError.looking_up(str(conversation_id), exc) from exc
     if row is None:
         return None
-    return TaskMeta(row["id"], row["label"], row["parent_conversation_id"], row["depth"])
+    return TaskMeta(
+        row["id"], row["label"], row["parent_conversation_id"], row["depth"], row["priority"]
+    )
 
 
 def status(

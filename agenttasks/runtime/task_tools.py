@@ -12,6 +12,7 @@ import logging
 from .. import lifecycle
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, NotRetryable, TaskBusy, TaskError, TaskNotFound
+from ..lifecycle import priorities
 from ..models import Task
 from ..states import TERMINAL, TaskKind, model_status
 from ..tools import ToolResult, ToolSpec
@@ -174,10 +175,13 @@ def listing(infos: list[TaskInfo]) -> str:
 class _Session:
     """The conversation and the run the four tools are bound to, and the tools' bodies."""
 
-    def __init__(self, conversation_id: str | None, run=None, stop_check=None):
+    def __init__(
+        self, conversation_id: str | None, run=None, stop_check=None, priority: int | None = None
+    ):
         self.conversation_id = conversation_id
         self.run = run
         self.stop_check = stop_check
+        self.priority = priority
 
     def owned(self, task_id: str) -> Task:
         """Return the task when the bound conversation spawned it; otherwise it does not exist."""
@@ -203,6 +207,7 @@ class _Session:
                 label=args["label"],
                 tool_call_id=ctx.tool_call_id,
                 parent_run=self.run,
+                priority=self.priority,
             )
         except Exception as exc:
             return tool_error(exc)
@@ -257,10 +262,18 @@ class _Session:
         return tool_result(unnamed(info))
 
 
-def task_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:
-    """Return spawn_task, task_status, task_retry and task_stop bound to a conversation and run."""
+def task_tools(
+    conversation, run=None, *, stop_check=None, priority: int | None = None
+) -> list[ToolSpec]:
+    """Return spawn_task, task_status, task_retry and task_stop bound to a conversation and run.
+
+    `priority` is the priority of the tasks spawn_task starts (by default the spawning task's,
+    docs/lifecycle.md#when-a-task-starts).
+    """
+    if priority is not None:
+        priorities.checked(priority)
     conversation_id = None if conversation is None else lifecycle.conversation_id_of(conversation)
-    session = _Session(conversation_id, run, stop_check)
+    session = _Session(conversation_id, run, stop_check, priority)
     return [
         ToolSpec(name, description, parameters, body, strict=True)
         for name, description, parameters, body in (
@@ -272,9 +285,9 @@ def task_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:
     ]
 
 
-def spawn_tool(conversation, run=None, *, stop_check=None) -> ToolSpec:
-    """Return only spawn_task."""
-    return task_tools(conversation, run, stop_check=stop_check)[0]
+def spawn_tool(conversation, run=None, *, stop_check=None, priority: int | None = None) -> ToolSpec:
+    """Return only spawn_task (`priority` as task_tools takes it)."""
+    return task_tools(conversation, run, stop_check=stop_check, priority=priority)[0]
 
 
 def control_tools(conversation, run=None, *, stop_check=None) -> list[ToolSpec]:

@@ -4,12 +4,14 @@ databases: agenttasks_claim_runs_v3 on PostgreSQL, store.claims.fair_order elsew
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from agenttasks import lifecycle, store
 from agenttasks.exceptions import TaskNotFound
 from agenttasks.execution import worker
-from agenttasks.models import Run
+from agenttasks.models import Run, Task
+from agenttasks.runtime import task_tools
 from agenttasks.types import NewTask
 
 from ..factories import ConversationFactory, RunFactory, UserFactory
@@ -88,3 +90,17 @@ def test_a_bad_priority_is_refused(user, priority):
 def test_the_priority_of_an_unknown_task_is_not_found():
     with pytest.raises(TaskNotFound):
         lifecycle.set_priority("task_missing", 1)
+
+
+@override_settings(AGENTTASKS={"MAX_DEPTH": 2})
+def test_a_spawned_task_takes_its_spawners_priority_unless_the_caller_gives_one(user):
+    urgent = lifecycle.create(owner=user, agent_id="echo", input="urgent", priority=40)
+    child = lifecycle.spawn(urgent.conversation_id, "echo", "a step of it")
+    assert Task.objects.get(pk=child.task_id).priority == 40
+    spawn = task_tools.spawn_tool(urgent.conversation_id, priority=-5)
+    result = spawn.call({"agent_name": "echo", "input": "a chore", "label": ""})
+    assert not result.is_error, result
+    chore = Task.objects.filter(parent_conversation_id=urgent.conversation_id).exclude(pk=child.task_id)
+    assert [t.priority for t in chore] == [-5]
+    with pytest.raises(ValueError, match="priority must be an integer from -100 to 100"):
+        task_tools.task_tools(urgent.conversation_id, priority=500)
