@@ -28,7 +28,6 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "CALLBACK_TIMEOUT": 10,
     "MODEL_TIMEOUT": 120,
     "PROVIDER_PATIENCE": 300,
-    "PARK_AFTER": 30,
     "DELEGATION_MAX_DEPTH": 3,
     "DELEGATION_MAX_PARALLEL": 8,
     "DELEGATION_WAIT_POLL": 0.5,
@@ -51,6 +50,10 @@ DEFAULTS: dict[str, Any] = {
     "MAX_ACTIVE_TASKS_PER_USER": 20,
     "MAX_STREAMS_PER_USER": 10,
     "MAX_WAITS_PER_USER": 10,
+    # Runs of a user's tasks in flight at once; the claims leave the rest queued.
+    "MAX_RUNNING_PER_USER": 0,
+    # Seconds: a longer wait for a provider's turn parks the run (0: never).
+    "PARK_AFTER": 30,
     # Streams (under WSGI) and waits one server process holds at once, whoever asks: each holds
     # a thread, so the rest are left for other requests.
     "MAX_HELD_PER_PROCESS": 2,
@@ -105,6 +108,7 @@ ZERO_ALLOWED = (
     "MAX_ACTIVE_TASKS_PER_USER",
     "MAX_STREAMS_PER_USER",
     "MAX_WAITS_PER_USER",
+    "MAX_RUNNING_PER_USER",
     "MAX_HELD_PER_PROCESS",
     "MODEL_RETRIES",
 )
@@ -151,6 +155,8 @@ class AppSettings:
         if name in ("WORKER_SLOTS", "MODEL_MAX_CONNECTIONS"):
             given = _positive_number(raw, None)
             return int(given) if given else None
+        if name == "PARK_AFTER":
+            return 0 if raw == 0 else _positive_number(raw, default)
         if name in ZERO_ALLOWED:
             return int(raw) if isinstance(raw, int) and raw >= 0 else default
         if name in ENVIRONMENT_FALLBACKS:

@@ -208,9 +208,11 @@ class RunPool:
             logger.exception("worker.slot_failed run=%s", run.id)
         finally:
             release_connection()
+            # Under MAX_RUNNING_PER_USER a run's end may let its owner's next run go: look.
+            held_back = bool(app_settings.MAX_RUNNING_PER_USER)
             with self._lock:
                 self.held -= 1
-                more = self.backlog and not self.retiring
+                more = (self.backlog or held_back) and not self.retiring
                 self._lock.notify_all()
             if more:
                 self._wanted.set()

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F, Min
+from django.db.models import Count, F, Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from ..conf import app_settings
 from ..exceptions import RunNotFound
 from ..models import Run, Task
 from ..states import RunStatus, RunTrigger, TaskKind, TaskStatus, trigger_name
@@ -42,7 +43,8 @@ def claim(run_id: str, worker: str = "") -> Run | None:
 @retried
 def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
     """Claim up to `limit` due queued runs in one statement: those named in `first`, then the
-    others in fair order (`fair_order`).
+    others in fair order (`fair_order`), leaving queued the task runs of an owner who has
+    MAX_RUNNING_PER_USER of them running.
 
     Concurrent claimers pass over each other's rows (SKIP LOCKED on PostgreSQL) and never claim
     one run twice; delegate children are claimed only when named (their callers execute them
@@ -52,8 +54,9 @@ def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
     if limit <= 0:
         return Claimed([])
     now = timezone.now()
+    per_owner = app_settings.MAX_RUNNING_PER_USER
     if postgres.enabled():
-        return postgres.claim_many(worker, limit, now, list(first))
+        return postgres.claim_many(worker, limit, now, list(first), per_owner)
     # SQLite: the transaction holds the database's write lock from BEGIN (IMMEDIATE).
     claimed: list[Run] = []
     with transaction.atomic():
@@ -64,16 +67,22 @@ def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
             if run_id not in seen:
                 seen.add(run_id)
                 _claim_into(claimed, run_id, worker, now, delegates=True)
-        for run_id in fair_order(now, exclude=seen):
+        running = _running_by_owner() if per_owner else Counter()
+        for run_id, owner, of_task in fair_order(now, exclude=seen):
             if len(claimed) >= limit:
                 break
-            _claim_into(claimed, run_id, worker, now, delegates=False)
+            held_back = per_owner and of_task and owner is not None
+            if held_back and running[owner] >= per_owner:
+                continue
+            if _claim_into(claimed, run_id, worker, now, delegates=False) and of_task:
+                running[owner] += 1
         next_at = Run.objects.not_due(now).aggregate(at=Min("not_before"))["at"]
     return Claimed(claimed, next_at=next_at)
 
 
-def fair_order(now: datetime, exclude: set[str]) -> list[str]:
-    """Order the due queued runs as claims take them (agenttasks_claim_runs_v3 on PostgreSQL).
+def fair_order(now: datetime, exclude: set[str]) -> list[tuple[str, int | None, bool]]:
+    """Order the due queued runs as claims take them (agenttasks_claim_runs_v4 on PostgreSQL):
+    (run id, owner id, whether it is a task's run).
 
     Wake-up runs first (they finish what has begun); then owner by owner: every owner's best
     run, then every owner's second, and so on, where an owner's runs go by task priority, then
@@ -84,23 +93,37 @@ def fair_order(now: datetime, exclude: set[str]) -> list[str]:
         .exclude(pk__in=exclude)
         .annotate(priority=Coalesce("task__priority", 0), owner=F("conversation__owner_id"))
         .order_by("-priority", "queued_at", "id")
-        .values_list("pk", "trigger", "priority", "owner", "queued_at")
+        .values_list("pk", "trigger", "priority", "owner", "queued_at", "task_id")
     )
     shares: Counter[int | None] = Counter()
     keyed = []
-    for run_id, trigger, priority, owner, queued_at in rows:
+    for run_id, trigger, priority, owner, queued_at, task_id in rows:
         shares[owner] += 1
-        keyed.append(((trigger != RunTrigger.WAKEUP, shares[owner], -priority, queued_at), run_id))
-    return [run_id for _, run_id in sorted(keyed)]
+        rank = (trigger != RunTrigger.WAKEUP, shares[owner], -priority, queued_at)
+        keyed.append((rank, (run_id, owner, task_id is not None)))
+    return [run for _, run in sorted(keyed, key=lambda pair: pair[0])]
 
 
-def _claim_into(claimed: list[Run], run_id: str, worker: str, now: datetime, **kw: bool) -> None:
+def _running_by_owner() -> Counter[int | None]:
+    """Count the running runs of tasks by their conversation's owner."""
+    rows = (
+        Run.objects.filter(status=RunStatus.RUNNING, task__isnull=False)
+        .values_list("conversation__owner_id")
+        .annotate(n=Count("pk"))
+    )
+    return Counter(dict(rows))
+
+
+def _claim_into(
+    claimed: list[Run], run_id: str, worker: str, now: datetime, **kw: bool
+) -> bool:
     try:
         run = _claim_locked(run_id, worker, now, **kw)
     except RunNotFound:
-        return
+        return False
     if run is not None:
         claimed.append(run)
+    return run is not None
 
 
 def _claim_locked(run_id: str, worker: str, now: datetime, *, delegates: bool) -> Run | None:

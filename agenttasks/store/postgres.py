@@ -1,7 +1,7 @@
 """The hot transitions on PostgreSQL, each one statement: create, claim and end.
 
 Each calls a versioned SQL function of `agenttasks/sql/` (`agenttasks_create_task_v4`,
-`agenttasks_claim_v2`, `agenttasks_claim_runs_v3`, `agenttasks_end_v2`), as procrastinate does
+`agenttasks_claim_v2`, `agenttasks_claim_runs_v4`, `agenttasks_end_v2`), as procrastinate does
 for its jobs. The function takes the same row locks in the same order as the ORM path
 (`store.locking`), re-checks the same run-bound predicate on the locked rows, writes, and appends
 the events; the rows come back as JSON, so nothing is read again. The ORM path (SQLite) keeps the
@@ -176,9 +176,14 @@ def claim(run_id: str, worker: str, now: datetime) -> Run | None:
     return _linked(answer)[1]
 
 
-def claim_many(worker: str, limit: int, now: datetime, first: list[str]) -> Claimed:
-    """Claim up to `limit` queued runs, those in `first` first, then the oldest (one statement)."""
-    answer = _answer(_call("agenttasks_claim_runs_v3", worker, limit, now.isoformat(), first))
+def claim_many(
+    worker: str, limit: int, now: datetime, first: list[str], per_owner: int
+) -> Claimed:
+    """Claim up to `limit` queued runs, those in `first` first, then in fair order, at most
+    `per_owner` of an owner's tasks running (0: no limit); one statement."""
+    answer = _answer(
+        _call("agenttasks_claim_runs_v4", worker, limit, now.isoformat(), first, per_owner)
+    )
     runs = [_linked(claim)[1] for claim in answer["claims"]]
     next_at = answer.get("next_at")
     return Claimed(runs, int(answer["passed"]), parse_datetime(next_at) if next_at else None)

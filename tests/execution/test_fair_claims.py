@@ -1,5 +1,5 @@
 """What the claims take first: due runs only, wake-ups, owners in turn, priorities (both
-databases: agenttasks_claim_runs_v3 on PostgreSQL, store.claims.fair_order elsewhere)."""
+databases: agenttasks_claim_runs_v4 on PostgreSQL, store.claims.fair_order elsewhere)."""
 
 from datetime import timedelta
 
@@ -12,7 +12,7 @@ from agenttasks.exceptions import TaskNotFound
 from agenttasks.execution import worker
 from agenttasks.models import Run, Task
 from agenttasks.runtime import task_tools
-from agenttasks.types import NewTask
+from agenttasks.types import Ending, NewTask, RunOutcome
 
 from ..factories import ConversationFactory, RunFactory, UserFactory
 
@@ -104,3 +104,25 @@ def test_a_spawned_task_takes_its_spawners_priority_unless_the_caller_gives_one(
     assert [t.priority for t in chore] == [-5]
     with pytest.raises(ValueError, match="priority must be an integer from -100 to 100"):
         task_tools.task_tools(urgent.conversation_id, priority=500)
+
+
+@override_settings(AGENTTASKS={"MAX_RUNNING_PER_USER": 2})
+def test_an_owner_at_the_running_limit_waits_while_others_go_on(user):
+    other = UserFactory(username="b")
+    burst = create(user, 5)
+    theirs = create(other, 3)
+    first = claimed(10)
+    assert sorted(first) == sorted([t.run_id for t in burst[:2] + theirs[:2]])  # two each
+    assert claimed(10) == []  # both at their limit: the rest stay queued
+    done = RunOutcome(burst[0].run_id, "completed", text="done")
+    store.end(burst[0].id, burst[0].run_id, Ending("completed"), outcome=done)
+    assert claimed(10) == [burst[2].run_id]  # one ended: the owner's next one goes
+    assert Run.objects.filter(status="queued").count() == 3
+
+
+@override_settings(AGENTTASKS={"MAX_RUNNING_PER_USER": 1})
+def test_runs_without_a_task_are_not_held_back_by_the_running_limit(user):
+    (task,) = create(user)
+    assert claimed(10) == [task.run_id]
+    wake = RunFactory(conversation=ConversationFactory(owner=user), trigger="wakeup")
+    assert claimed(10) == [wake.id]

@@ -1,12 +1,14 @@
--- Claims, version 3 of the claim of several runs (docs/architecture.md#in-flight-runs): as
--- version 2, but a run whose not_before has not come is left queued, and the queued runs are
--- taken fairly: wake-up runs of parents first (they finish what has begun), then owner by owner
--- (each owner's best run, then each owner's second, ...), a higher task priority first within
--- an owner's share and between owners' runs of the same rank, then the oldest. Answers
--- {"claims": [...], "passed": n, "next_at": t}: next_at is the earliest not_before still to
--- come (null when none), so the claimer knows when to look again.
-CREATE FUNCTION agenttasks_claim_runs_v3(
-    p_worker text, p_limit integer, p_now timestamptz, p_first text[]
+-- Claims, version 4 of the claim of several runs (docs/architecture.md#in-flight-runs): a run
+-- whose not_before has not come is left queued, and the queued runs are taken fairly: wake-up
+-- runs of parents first (they finish what has begun), then owner by owner (each owner's best
+-- run, then each owner's second, ...), a higher task priority first within an owner's share and
+-- between owners' runs of the same rank, then the oldest. Version 4 adds p_per_owner (0: none):
+-- an owner with that many runs of tasks running gets no more of them until one ends (the runs
+-- named in p_first, which their callers wait on, and runs without a task are not held back).
+-- Answers {"claims": [...], "passed": n, "next_at": t}: next_at is the earliest not_before
+-- still to come (null when none), so the claimer knows when to look again.
+CREATE FUNCTION agenttasks_claim_runs_v4(
+    p_worker text, p_limit integer, p_now timestamptz, p_first text[], p_per_owner integer
 ) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -51,17 +53,29 @@ BEGIN
         -- are passed over; each statement here sees the runs committed since the last one.
         v_delegates := false;
         v_ids := ARRAY(
+            WITH running AS (
+                SELECT c.owner_id, count(*) AS n
+                  FROM agenttasks_run r
+                  JOIN agenttasks_conversation c ON c.id = r.conversation_id
+                 WHERE p_per_owner > 0 AND r.status = 'running' AND r.task_id IS NOT NULL
+                 GROUP BY c.owner_id)
             SELECT id FROM (
                 SELECT r.id, r.trigger, r.queued_at, coalesce(t.priority, 0) AS priority,
-                       row_number() OVER (
-                           PARTITION BY c.owner_id
-                           ORDER BY coalesce(t.priority, 0) DESC, r.queued_at, r.id) AS share
+                       t.id IS NOT NULL AS of_task, c.owner_id,
+                       row_number() OVER share_order AS share,
+                       count(t.id) OVER share_order AS task_share
                   FROM agenttasks_run r
                   JOIN agenttasks_conversation c ON c.id = r.conversation_id
                   LEFT JOIN agenttasks_task t ON t.run_id = r.id
                  WHERE r.status = 'queued' AND r.id <> ALL(v_seen)
                    AND (r.not_before IS NULL OR r.not_before <= p_now)
+                WINDOW share_order AS (
+                    PARTITION BY c.owner_id
+                    ORDER BY coalesce(t.priority, 0) DESC, r.queued_at, r.id)
             ) AS due
+             LEFT JOIN running ON running.owner_id = due.owner_id
+             WHERE p_per_owner <= 0 OR NOT due.of_task OR due.owner_id IS NULL
+                OR due.task_share <= p_per_owner - coalesce(running.n, 0)
              ORDER BY (trigger = 'wakeup') DESC, share, priority DESC, queued_at, id
              LIMIT p_limit - jsonb_array_length(v_claimed) + 8);
         EXIT WHEN cardinality(v_ids) = 0;
