@@ -114,9 +114,7 @@ def _running_by_owner() -> Counter[int | None]:
     return Counter(dict(rows))
 
 
-def _claim_into(
-    claimed: list[Run], run_id: str, worker: str, now: datetime, **kw: bool
-) -> bool:
+def _claim_into(claimed: list[Run], run_id: str, worker: str, now: datetime, **kw: bool) -> bool:
     try:
         run = _claim_locked(run_id, worker, now, **kw)
     except RunNotFound:

@@ -176,9 +176,7 @@ def claim(run_id: str, worker: str, now: datetime) -> Run | None:
     return _linked(answer)[1]
 
 
-def claim_many(
-    worker: str, limit: int, now: datetime, first: list[str], per_owner: int
-) -> Claimed:
+def claim_many(worker: str, limit: int, now: datetime, first: list[str], per_owner: int) -> Claimed:
     """Claim up to `limit` queued runs, those in `first` first, then in fair order, at most
     `per_owner` of an owner's tasks running (0: no limit); one statement."""
     answer = _answer(

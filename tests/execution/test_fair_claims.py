@@ -100,7 +100,9 @@ def test_a_spawned_task_takes_its_spawners_priority_unless_the_caller_gives_one(
     spawn = task_tools.spawn_tool(urgent.conversation_id, priority=-5)
     result = spawn.call({"agent_name": "echo", "input": "a chore", "label": ""})
     assert not result.is_error, result
-    chore = Task.objects.filter(parent_conversation_id=urgent.conversation_id).exclude(pk=child.task_id)
+    chore = Task.objects.filter(parent_conversation_id=urgent.conversation_id).exclude(
+        pk=child.task_id
+    )
     assert [t.priority for t in chore] == [-5]
     with pytest.raises(ValueError, match="priority must be an integer from -100 to 100"):
         task_tools.task_tools(urgent.conversation_id, priority=500)
