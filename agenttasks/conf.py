@@ -53,7 +53,7 @@ DEFAULTS: dict[str, Any] = {
     # Runs of a user's tasks in flight at once; the claims leave the rest queued.
     "MAX_RUNNING_PER_USER": 0,
     # Seconds: a longer wait for a provider's turn parks the run (0: never).
-    "PARK_AFTER": 30,
+    "PARK_AFTER": 2,
     # Streams (under WSGI) and waits one server process holds at once, whoever asks: each holds
     # a thread, so the rest are left for other requests.
     "MAX_HELD_PER_PROCESS": 2,

@@ -75,8 +75,8 @@ class RunOutcome:
     # False when the runtime already appended its reply to the log (the chat loop does).
     append_message: bool = True
     retryable: bool = False  # a failure that may pass: the agent's retry policy may try again
-    parked: dict[str, Any] | None = None  # parked: the turn it keeps (Run.parked_turn)
     parked_until: datetime | None = None  # parked: queued again to start no earlier than this
+    limited_since: datetime | None = None  # parked: it has waited for its limit since then
 
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:

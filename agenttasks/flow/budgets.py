@@ -59,29 +59,7 @@ class Reservation:
     tokens: int = 0
     permit: int | None = None
     busy: bool = False
-
-    def held(self, since: datetime) -> dict:
-        """Say this turn as a parked run keeps it (`Run.parked_turn`), waiting since `since`."""
-        return {
-            "endpoint": self.endpoint,
-            "start": self.start.isoformat(),
-            "tokens": self.tokens,
-            "permit": self.permit,
-            "since": since.isoformat(),
-        }
-
-
-def held_turn(parked: dict | None) -> tuple[Reservation, datetime] | None:
-    """Read the turn a parked run holds, and since when it waits (None: it holds none)."""
-    if not parked:
-        return None
-    turn = Reservation(
-        parked["endpoint"],
-        datetime.fromisoformat(parked["start"]),
-        parked.get("tokens") or 0,
-        parked.get("permit"),
-    )
-    return turn, datetime.fromisoformat(parked["since"])
+    later: bool = False  # beyond the horizon: nothing reserved; `start` is its place in line
 
 
 def limits_of(endpoint: str) -> Limits:
@@ -119,8 +97,22 @@ def problems(setting) -> list[str]:
     return found
 
 
-def reserve(endpoint: str, tokens: int, timeout: float) -> Reservation:
-    """Reserve a request's start against `endpoint`'s shared budget (see the module's text)."""
+def reserve(
+    endpoint: str,
+    tokens: int,
+    timeout: float,
+    horizon: float | None = None,
+    *,
+    parked_before: bool = False,
+) -> Reservation:
+    """Reserve a request's start against `endpoint`'s shared budget (see the module's text).
+
+    A start further off than `horizon` seconds is not reserved: the answer is `later`, with the
+    request's place in the line of the runs parked so far (`parked_line`), so that the parked
+    runs come back one after another, and a request made meanwhile (another owner's, a higher
+    priority) is not queued behind them. A run `parked_before` that is still too far off keeps
+    its place near the front: its place is the next free start, and the line does not grow.
+    """
     limits = limits_of(endpoint)
     with transaction.atomic():
         row = _locked(endpoint)
@@ -131,12 +123,20 @@ def reserve(endpoint: str, tokens: int, timeout: float) -> Reservation:
             if live >= limits.concurrent:
                 return Reservation(endpoint, now, busy=True)
         start = max(now, row.next_start or now, row.paused_until or now)
+        token_start = max(now, row.next_tokens or now)
+        if limits.tokens_per_minute:
+            start = max(start, token_start)
         rate = _rate(limits, row)
+        if horizon is not None and (start - now).total_seconds() > horizon:
+            if parked_before:
+                return Reservation(endpoint, start, later=True)
+            place = max(start, row.parked_line or start)
+            row.parked_line = place + timedelta(seconds=1 / rate if rate else 0)
+            row.save(update_fields=["parked_line"])
+            return Reservation(endpoint, place, later=True)
         if rate:
             row.next_start = start + timedelta(seconds=1 / rate)
         if limits.tokens_per_minute:
-            token_start = max(now, row.next_tokens or now)
-            start = max(start, token_start)
             row.next_tokens = token_start + _token_time(limits, tokens)
         _grow(row, limits, now)
         row.save()

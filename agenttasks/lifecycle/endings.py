@@ -8,7 +8,6 @@ from .. import ids, signals, store
 from ..conf import app_settings
 from ..delivery import wakeups
 from ..exceptions import SpawnError, TaskNotFound
-from ..flow import budgets
 from ..models import Run, Task
 from ..states import TERMINAL, OutcomeStatus, RunStatus, StopReason, StopRequest, TaskStatus
 from ..types import ConversationRef, Ending, RunOutcome, TaskInfo, usage_shape
@@ -176,13 +175,11 @@ def _pause(task: Task, run_id: str, outcome: RunOutcome) -> bool:
 
 
 def _park(task: Task, run_id: str, outcome: RunOutcome) -> bool:
-    """Queue the run again until shortly before the turn it keeps; whether it was parked."""
-    assert outcome.parked is not None and outcome.parked_until is not None
-    won = store.park(task.id, run_id, outcome.parked_until, outcome.parked)
+    """Queue the run again until shortly before its place in its provider's line; whether it
+    was parked."""
+    assert outcome.parked_until is not None and outcome.limited_since is not None
+    won = store.park(task.id, run_id, outcome.parked_until, outcome.limited_since)
     if won is None:
-        held = budgets.held_turn(outcome.parked)
-        if held is not None:
-            budgets.release(held[0])  # nobody will take that turn now
         return False
     announce(won)
     launch_durable(run_id)  # the claimers learn when it is due

@@ -1,5 +1,6 @@
-"""Parked runs and the per-owner limit on runs in flight: `Run.parked_turn` (the turn a run
-parked for its provider's limit keeps), and on PostgreSQL `agenttasks_claim_runs_v4`
+"""Parked runs and the per-owner limit on runs in flight: `Run.limited_since` (since when a run
+parked for its provider's limit has waited), `ProviderBudget.parked_line` (where the parked
+runs' turns would end), and on PostgreSQL `agenttasks_claim_runs_v4`
 (`agenttasks/migrations/frozen/claim_runs_v4.sql`): the claim of several runs that leaves queued
 the task runs of an owner with MAX_RUNNING_PER_USER of them running.
 
@@ -23,8 +24,13 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='run',
-            name='parked_turn',
-            field=models.JSONField(blank=True, help_text="A run parked while it waits for its provider's limit: the turn it holds (endpoint, start, tokens, permit) and since when it has waited.", null=True, verbose_name='parked turn'),
+            name='limited_since',
+            field=models.DateTimeField(blank=True, help_text="A run parked for its provider's limit has waited since then (its patience counts from then).", null=True, verbose_name='waiting for its limit since'),
+        ),
+        migrations.AddField(
+            model_name='providerbudget',
+            name='parked_line',
+            field=models.DateTimeField(blank=True, help_text="Where the turns of the runs parked for this endpoint would end: each parked run is told to come back at its place in it.", null=True, verbose_name="parked runs' line ends at"),
         ),
         migrations.RunPython(on_postgres(frozen("claim_runs_v4.sql")), on_postgres(DROP_V4)),
     ]

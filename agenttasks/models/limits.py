@@ -14,6 +14,13 @@ class ProviderBudget(models.Model):
     endpoint = models.CharField("endpoint", max_length=64, primary_key=True)
     next_start = models.DateTimeField("next request at", null=True, blank=True)
     next_tokens = models.DateTimeField("tokens free at", null=True, blank=True)
+    parked_line = models.DateTimeField(
+        "parked runs' line ends at",
+        null=True,
+        blank=True,
+        help_text="Where the turns of the runs parked for this endpoint would end: each parked "
+        "run is told to come back at its place in it.",
+    )
     paused_until = models.DateTimeField(
         "paused until",
         null=True,

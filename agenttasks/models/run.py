@@ -88,12 +88,12 @@ class Run(models.Model):
         blank=True,
         help_text="A queued run is not claimed before this (a delayed start).",
     )
-    parked_turn = models.JSONField(
-        "parked turn",
+    limited_since = models.DateTimeField(
+        "waiting for its limit since",
         null=True,
         blank=True,
-        help_text="A run parked while it waits for its provider's limit: the turn it holds "
-        "(endpoint, start, tokens, permit) and since when it has waited.",
+        help_text="A run parked for its provider's limit has waited since then (its patience "
+        "counts from then).",
     )
     started_at = models.DateTimeField("started", null=True, blank=True)
     ended_at = models.DateTimeField("ended", null=True, blank=True)

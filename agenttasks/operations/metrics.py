@@ -217,7 +217,7 @@ def _queue_shares(now):
     yield GaugeMetricFamily(
         "agenttasks_runs_parked",
         "Queued runs parked until their turn at their provider (PARK_AFTER).",
-        value=Run.objects.not_due(now).filter(parked_turn__isnull=False).count(),
+        value=Run.objects.not_due(now).filter(limited_since__isnull=False).count(),
     )
     by_owner = GaugeMetricFamily(
         "agenttasks_runs_queued_by_owner",

@@ -160,7 +160,9 @@ class ChatRun:
             return self._outcome(OutcomeStatus.FAILED, error=str(exc), retryable=exc.transient)
         except Parked as exc:
             self.budget.own.turns -= 1  # the turn is taken when the parked run comes back
-            return self._outcome(OutcomeStatus.PARKED, parked=exc.held, parked_until=exc.until)
+            return self._outcome(
+                OutcomeStatus.PARKED, limited_since=exc.since, parked_until=exc.until
+            )
         finally:
             self._save_usage()
 

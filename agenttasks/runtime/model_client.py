@@ -23,6 +23,7 @@ from django.utils import timezone
 from .. import __version__
 from ..conf import app_settings
 from ..flow import budgets, hints
+from ..models import Run
 from ..operations import metrics
 from .base import RunContext, RunStopped, release_connection
 from .budget import Budget, BudgetExceeded
@@ -50,17 +51,13 @@ PATIENCE_TEXT = (
 )
 
 
-# A parked run is due this long before its turn (at most half of PARK_AFTER), to be on time.
-PARK_EARLY = 3.0
-
-
 class Parked(Exception):
     """A request's turn is further off than PARK_AFTER: the run gives back its slot and is
-    queued again until shortly before the turn, which it keeps (`held`, Run.parked_turn)."""
+    queued again until shortly before its place in the line (docs/operating.md#meeting-your-providers-limits)."""
 
-    def __init__(self, held: dict, until):
+    def __init__(self, since: datetime, until: datetime):
         super().__init__("the run is parked until its turn")
-        self.held = held
+        self.since = since  # the wait began then: the run's patience counts from then
         self.until = until
 
 
@@ -345,8 +342,8 @@ class ModelClient:
         self.config = config(ctx.agent)
         self.ctx = ctx
         self.budget = budget
-        # The turn this run kept when it was parked, if it was: its first request takes it.
-        self.held = budgets.held_turn(getattr(ctx.run, "parked_turn", None))
+        # A parked run taken back: its first request has waited since it parked.
+        self.limited_since = getattr(ctx.run, "limited_since", None)
         self.park_after = float(app_settings.PARK_AFTER or 0) if ctx.may_park() else 0.0
         model_io()  # started now (its TLS context takes a while), not between a turn and its send
 
@@ -363,13 +360,14 @@ class ModelClient:
             params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         body = request_body(self.config.model, messages, tools, params)
         estimate = estimated_tokens(body, params)
-        held, since = self._take_held()
+        since, self.limited_since = self.limited_since, None
+        parked_before = since is not None
+        since = since or timezone.now()
         patience = self.config.patience - (timezone.now() - since).total_seconds()
         patience_ends = time.monotonic() + patience
         attempt, late_turns = 0, LATE_TURNS
         while True:
-            turn = self._turn(estimate, patience_ends, since, held)
-            held = None
+            turn = self._turn(estimate, patience_ends, since, parked_before)
             not_after = None
             if late_turns and not turn.busy:
                 ahead = (turn.start - timezone.now()).total_seconds()
@@ -404,27 +402,8 @@ class ModelClient:
                 metrics.count("agenttasks_model_requests_total", outcome="ok")
                 return response
 
-    def _take_held(self) -> tuple[budgets.Reservation | None, datetime]:
-        """Take the turn this run kept when it was parked (once), and since when it waits.
-
-        A turn long past (the run was claimed late) is given back: a new one is reserved.
-        """
-        held, self.held = self.held, None
-        now = timezone.now()
-        if held is None:
-            return None, now
-        turn, since = held
-        if turn.endpoint != self.config.endpoint or (now - turn.start).total_seconds() > LATE:
-            self._budget(budgets.release, turn)
-            return None, since
-        return turn, since
-
     def _turn(
-        self,
-        estimate: int,
-        patience_ends: float,
-        since: datetime,
-        held: budgets.Reservation | None = None,
+        self, estimate: int, patience_ends: float, since: datetime, parked_before: bool
     ) -> budgets.Reservation:
         """Wait for this request's turn in its endpoint's shared budget; return its reservation.
 
@@ -433,12 +412,22 @@ class ModelClient:
         run, saying it was the provider's limit.
         """
         busy_wait = BUSY_POLL[0]
+        horizon = self.park_after or None
         while True:
-            turn = held or self._budget(
-                budgets.reserve, self.config.endpoint, estimate, self.config.timeout
+            turn = self._budget(
+                budgets.reserve,
+                self.config.endpoint,
+                estimate,
+                self.config.timeout,
+                horizon,
+                parked_before=parked_before,
             )
-            held = None
             delay = busy_wait if turn.busy else (turn.start - timezone.now()).total_seconds()
+            if parked_before and not turn.later:
+                # It has its turn: a later park of this run (or its resume after a pause) waits
+                # afresh, its patience whole again.
+                self._budget(Run.objects.filter(pk=self.ctx.run_id).update, limited_since=None)
+                parked_before = False
             if delay <= 0:
                 metrics.count("agenttasks_provider_permits_total", endpoint=turn.endpoint)
                 return turn
@@ -448,11 +437,10 @@ class ModelClient:
                 raise ModelError(
                     PATIENCE_TEXT.format(patience=self.config.patience, endpoint=turn.endpoint)
                 )
-            if not turn.busy and self.park_after and delay > self.park_after:
+            if turn.later:
+                # Back when about half the horizon is left before its place in the line.
                 metrics.count("agenttasks_provider_parks_total", endpoint=turn.endpoint)
-                early = min(PARK_EARLY, self.park_after / 2)
-                until = turn.start - timedelta(seconds=early)
-                raise Parked(turn.held(since), until)
+                raise Parked(since, turn.start - timedelta(seconds=self.park_after / 2))
             metrics.count("agenttasks_provider_waits_total", endpoint=turn.endpoint)
             metrics.count("agenttasks_provider_wait_seconds_total", delay, endpoint=turn.endpoint)
             try:
@@ -466,10 +454,10 @@ class ModelClient:
             busy_wait = min(busy_wait * 2, BUSY_POLL[1])
 
     @staticmethod
-    def _budget(verb, *args):
+    def _budget(verb, *args, **kwargs):
         """Run one of the budget's verbs, then give the connection back (the run waits next)."""
         try:
-            return verb(*args)
+            return verb(*args, **kwargs)
         finally:
             release_connection()
 

@@ -7,7 +7,6 @@ claims pass over it until then (docs/lifecycle.md#when-a-task-starts).
 """
 
 from datetime import datetime
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -62,10 +61,9 @@ def retry_later(
 
 
 @retried
-def park(task_id: str, run_id: str, until: datetime, turn: dict[str, Any]) -> Task | None:
+def park(task_id: str, run_id: str, until: datetime, since: datetime) -> Task | None:
     """Queue a running run again to start at `until`, giving back its slot while it waits for
-    its provider's limit; `turn` is the turn it keeps (`Run.parked_turn`). None when the race
-    was lost.
+    its provider's limit, which it has waited for since `since`. None when the race was lost.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -76,7 +74,7 @@ def park(task_id: str, run_id: str, until: datetime, turn: dict[str, Any]) -> Ta
         hold_task(log, task)
         run = task.run
         run.status, run.worker, run.heartbeat_at = RunStatus.QUEUED, "", None
-        run.not_before, run.parked_turn = until, turn
+        run.not_before, run.limited_since = until, since
         run.requeues, run.requeue_at = 0, None
         run.save(
             update_fields=[
@@ -84,7 +82,7 @@ def park(task_id: str, run_id: str, until: datetime, turn: dict[str, Any]) -> Ta
                 "worker",
                 "heartbeat_at",
                 "not_before",
-                "parked_turn",
+                "limited_since",
                 "requeues",
                 "requeue_at",
             ]

@@ -37,6 +37,26 @@ def test_starts_are_spaced_by_the_configured_rate():
     assert gaps(made) == pytest.approx([1 / (10 * HEADROOM)] * 4, abs=0.01)
 
 
+def test_a_start_beyond_the_horizon_is_a_place_in_the_parked_line_not_a_turn():
+    with limited(requests_per_minute=60):  # one every 1.11 s at 90 %
+        taken = [budgets.reserve("llm", 10, 30, horizon=1.5) for _ in range(2)]
+        parked = [budgets.reserve("llm", 10, 30, horizon=1.5) for _ in range(3)]
+        again = budgets.reserve("llm", 10, 30, horizon=1.5, parked_before=True)
+        direct = budgets.reserve("llm", 10, 30)  # a run that may not park takes the next turn
+    spacing = 1 / HEADROOM
+    assert not any(r.later for r in taken) and all(r.later for r in parked + [again])
+    assert gaps(taken) == pytest.approx([spacing], abs=0.01)
+    # Places one after another from the next free start, which nobody took.
+    assert [(r.start - parked[0].start).total_seconds() for r in parked] == pytest.approx(
+        [0, spacing, 2 * spacing], abs=0.01
+    )
+    assert (parked[0].start - taken[1].start).total_seconds() == pytest.approx(spacing, abs=0.01)
+    assert again.start == parked[0].start  # a run parked before is not sent to the back
+    assert direct.start == parked[0].start and not direct.later
+    row = ProviderBudget.objects.get(pk="llm")
+    assert row.parked_line == parked[2].start + timedelta(seconds=spacing)
+
+
 def test_an_endpoint_without_limits_starts_at_once():
     made = [budgets.reserve("free", 10, 30) for _ in range(3)]
     assert all(r.start <= timezone.now() for r in made)

@@ -130,9 +130,9 @@ def test_a_delayed_task_starts_at_its_time_on_a_real_cluster(start_cluster, mode
 def test_parked_runs_survive_a_sigkill_start_at_their_turn_and_can_be_cancelled(
     start_cluster, model, user
 ):
-    """A turn further off than PARK_AFTER parks the run: queued again with its turn kept, its
-    slot given back. Killed while parked, the cluster loses nothing: a new one starts each run
-    at its turn; a parked task can be cancelled."""
+    """A turn further off than PARK_AFTER parks the run: queued again until its place in the
+    line, its slot given back. Killed while parked, the cluster loses nothing: a new one starts
+    each run at its place; a parked task can be cancelled."""
     limits = {"default": {"requests_per_minute": 20}}  # a start every 3.3 s (at 90 %)
     model.set(AGENTS=CHAT, MAX_ACTIVE_TASKS_PER_USER=0, MODEL_LIMITS=limits, PARK_AFTER=1)
     server = model.script(lambda request: answer("done"))
@@ -141,7 +141,7 @@ def test_parked_runs_survive_a_sigkill_start_at_their_turn_and_can_be_cancelled(
     ids = [t.id for t in tasks]
 
     def parked():
-        return Run.objects.filter(task_id__in=ids, status="queued", parked_turn__isnull=False)
+        return Run.objects.filter(task_id__in=ids, status="queued", limited_since__isnull=False)
 
     def one_done_three_parked():
         done = Task.objects.filter(pk__in=ids, status="completed").count()
@@ -162,3 +162,4 @@ def test_parked_runs_survive_a_sigkill_start_at_their_turn_and_can_be_cancelled(
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
     assert min(gaps) >= 3.0, gaps  # each at its turn, 3.3 s apart
     assert Run.objects.filter(task_id__in=ids).count() == 4  # parked runs kept their ids
+    assert ProviderBudget.objects.get(pk="default").refusals == 0

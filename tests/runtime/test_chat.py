@@ -7,7 +7,7 @@ transcript, interrupted calls, questions, stops) with the same harness.
 import json
 import socket
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -793,7 +793,7 @@ def test_the_demo_assistant_says_what_it_needs_and_uses_the_server_once_configur
     assert registry.get("assistant").runtime == "callable"
 
 
-def test_a_turn_further_off_than_park_after_parks_the_run_which_keeps_it(
+def test_a_turn_further_off_than_park_after_parks_the_run_until_its_place_in_line(
     model, agents, user, recording_queue
 ):
     model.set(MODEL_LIMITS={"default": {"requests_per_minute": 60}}, PARK_AFTER=0.5)
@@ -803,18 +803,21 @@ def test_a_turn_further_off_than_park_after_parks_the_run_which_keeps_it(
     second = task_for_and_run(user, "plain", recording_queue)
     assert refresh(first).status == "completed"
     parked = refresh(second)
-    assert (parked.status, parked.run.status) == ("pending", "queued")
-    held = parked.run.parked_turn
-    assert held["endpoint"] == "default" and parked.run.worker == ""
-    turn = datetime.fromisoformat(held["start"])
-    assert parked.run.not_before == turn - timedelta(seconds=0.25)  # half PARK_AFTER early
-    assert parked.run.turns == 0  # the turn it did not take is not counted
+    assert (parked.status, parked.run.status, parked.run.worker) == ("pending", "queued", "")
+    budget = ProviderBudget.objects.get(pk="default")
+    # Its place is the next free start (one request's share of 90 % of 1 a second after the
+    # first), and it comes back half of PARK_AFTER before it; nothing was reserved for it.
+    place = budget.next_start
+    assert parked.run.not_before == place - timedelta(seconds=0.25)
+    assert budget.parked_line == place + timedelta(seconds=1 / 0.9)
+    assert parked.run.limited_since is not None and parked.run.turns == 0
     statuses = [e.data["to"] for e in events(parked.conversation_id, "task.status")]
     assert statuses == ["pending", "running", "pending"]
     wait_for(lambda: timezone.now() >= parked.run.not_before, timeout=5)
     worker.execute_run(parked.run_id)
     done = refresh(second)
     assert (done.status, done.result, done.run_id) == ("completed", "ok", parked.run_id)
+    assert done.run.limited_since is None  # it got its turn: a later wait starts afresh
     arrivals = [r.arrived for r in server.requests]
-    assert arrivals[1] - arrivals[0] >= 1.0  # it kept its turn: one a second at 90 %
+    assert arrivals[1] - arrivals[0] >= 1.0  # at its place: one a second at 90 %
     assert server.served["m-plain"] == 2
