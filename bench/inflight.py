@@ -128,8 +128,10 @@ def settled() -> int:
     return Task.objects.filter(status__in=TERMINAL).count()
 
 
-def create(n: int, threads: int = 4, owner=None, **fields) -> list[str]:
-    """Create n chat tasks (of `owner`, else the bench user) in `threads` threads; their ids."""
+def create(n: int, threads: int = 4, owner=None, text="question", **fields) -> list[str]:
+    """Create n chat tasks (of `owner`, else the bench user) in `threads` threads; their ids.
+
+    Their questions are `text` and a number."""
     from django.db import connection
 
     from agenttasks import lifecycle
@@ -140,7 +142,7 @@ def create(n: int, threads: int = 4, owner=None, **fields) -> list[str]:
     def make(share: int) -> None:
         try:
             for i in range(share):
-                task = lifecycle.create(owner=user, agent_id=AGENT, input=f"question {i}", **fields)
+                task = lifecycle.create(owner=user, agent_id=AGENT, input=f"{text} {i}", **fields)
                 made.append(task.id)
         finally:
             connection.close()

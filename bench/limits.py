@@ -7,8 +7,9 @@ Each scenario runs on a fresh demo cluster on PostgreSQL (docs/performance.md, P
 - burst: N tasks created at once, with the limit configured (MODEL_LIMITS) and without (learned
   from the 429s): how long until all settle (ideal N / rate + latency), how many failed, how many
   429s the server answered, and the most requests it started in one second;
-- fairness: user A creates N tasks, then user B creates 10, one a second: B's start latency;
-- priority: a task of priority 100 created behind N queued tasks: its start latency;
+- fairness: user A creates N tasks, then user B creates 10, one a second: how long until each of
+  B's is claimed, and until its first model request;
+- priority: a task of priority 100 created behind N queued tasks: the same two latencies;
 - two clusters on one database share the limit.
 
     .venv/bin/python bench/limits.py --n 1000 --rate 50 --latency 2
@@ -74,6 +75,15 @@ def started_within(task_id: str, timeout: float = 120) -> float:
     return time.monotonic() - begun
 
 
+def parks() -> int:
+    """How many times runs parked (a task gone from running back to pending: no chat task here
+    continues)."""
+    from agenttasks.models import Event
+
+    moves = Event.objects.filter(type="task.status", data__to="pending", data__from="running")
+    return moves.values("task_id").count()
+
+
 def statuses() -> dict[str, int]:
     from django.db.models import Count
 
@@ -91,36 +101,59 @@ def burst(n: int, workers: int, clusters: int = 1) -> dict:
         create(n, owner=user("a"))
         ended = wait_until(lambda: settled() >= n, 900, poll=0.1)
         figures = model("stats")
+        figures.pop("marks")
     finally:
         for cluster in running:
             cluster.stop()
-    return {"seconds": round(ended - started, 1), "statuses": statuses(), **figures}
+    return {
+        "seconds": round(ended - started, 1),
+        "statuses": statuses(),
+        "parks": parks(),
+        **figures,
+    }
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return round(ordered[max(0, round(0.95 * len(ordered)) - 1)], 2)
+
+
+def first_requests(created: dict[str, float]) -> list[float]:
+    """Seconds from each marked task's create (wall clock) to its first model request."""
+    marks = model("stats")["marks"]
+    return [marks[f"{mark} 0"] - at for mark, at in created.items() if f"{mark} 0" in marks]
 
 
 def fairness(n: int, workers: int, late: int = 10) -> dict:
-    """A's N tasks at once, then B's `late` tasks one a second: their start latencies."""
+    """A's N tasks at once, then B's `late` tasks one a second: how long until each of B's is
+    claimed, and until its first model request."""
     clean()
     cluster = Cluster(workers)
     try:
         model("reset")
         started = time.monotonic()
         create(n, owner=user("a"))
-        b_latency = []
-        for _ in range(late):
+        b_claimed, created = [], {}
+        for k in range(late):
             begun = time.monotonic()
-            (b_id,) = create(1, threads=1, owner=user("b"))
-            b_latency.append(time.monotonic() - begun + started_within(b_id))
+            created[f"mark:b{k}"] = time.time()
+            (b_id,) = create(1, threads=1, owner=user("b"), text=f"mark:b{k}")
+            b_claimed.append(time.monotonic() - begun + started_within(b_id))
             time.sleep(max(0.0, begun + 1 - time.monotonic()))
-        b_latency.sort()
         ended = wait_until(lambda: settled() >= n + late, 900, poll=0.1)
+        b_request = first_requests(created)
         figures = model("stats")
     finally:
         cluster.stop()
+    figures.pop("marks")
     return {
-        "b_p50": round(statistics.median(b_latency), 2),
-        "b_p95": round(b_latency[max(0, round(0.95 * len(b_latency)) - 1)], 2),
+        "b_claimed_p50": round(statistics.median(b_claimed), 2),
+        "b_claimed_p95": p95(b_claimed),
+        "b_request_p50": round(statistics.median(b_request), 2),
+        "b_request_p95": p95(b_request),
         "a_seconds": round(ended - started, 1),
         "statuses": statuses(),
+        "parks": parks(),
         **figures,
     }
 
@@ -133,13 +166,18 @@ def priority(n: int, workers: int) -> dict:
         model("reset")
         create(n, owner=user("a"))
         time.sleep(2)  # the backlog is claimed and waits its turns
-        begun = time.monotonic()
-        (urgent,) = create(1, threads=1, owner=user("a"), priority=100)
+        begun, created = time.monotonic(), {"mark:urgent": time.time()}
+        (urgent,) = create(1, threads=1, owner=user("a"), priority=100, text="mark:urgent")
         latency = time.monotonic() - begun + started_within(urgent)
         wait_until(lambda: settled() >= n + 1, 900, poll=0.1)
+        (request,) = first_requests(created)
     finally:
         cluster.stop()
-    return {"urgent_start": round(latency, 2), "statuses": statuses()}
+    return {
+        "urgent_claimed": round(latency, 2),
+        "urgent_request": round(request, 2),
+        "statuses": statuses(),
+    }
 
 
 def run_scenario(name: str, args) -> dict:

@@ -27,6 +27,7 @@ class Stats:
         self.refused = 0
         self.busiest_second = 0
         self.started: collections.deque[float] = collections.deque()
+        self.marks: dict[str, float] = {}  # a marked question ("mark:…"): when it first arrived
 
     def admit(self, rate: int) -> bool:
         """Whether a request may start now under `rate` a second (0: any), counting it if so."""
@@ -43,6 +44,7 @@ class Stats:
     def reset(self) -> None:
         self.peak, self.served, self.refused, self.busiest_second = self.in_flight, 0, 0, 0
         self.started.clear()
+        self.marks.clear()
 
     def as_json(self) -> bytes:
         return json.dumps(
@@ -52,6 +54,7 @@ class Stats:
                 "served": self.served,
                 "refused": self.refused,
                 "busiestSecond": self.busiest_second,
+                "marks": self.marks,
             }
         ).encode()
 
@@ -79,6 +82,9 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes] 
 
 async def _answer(writer, stats: Stats, body: bytes, latency: float, pieces: int) -> None:
     request = json.loads(body or b"{}")
+    questions = [m.get("content") for m in request.get("messages", []) if m.get("role") == "user"]
+    if questions and isinstance(questions[0], str) and questions[0].startswith("mark:"):
+        stats.marks.setdefault(questions[0], time.time())  # the wall clock: the bench compares
     stats.in_flight += 1
     stats.peak = max(stats.peak, stats.in_flight)
     try:

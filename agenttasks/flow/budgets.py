@@ -103,15 +103,18 @@ def reserve(
     timeout: float,
     horizon: float | None = None,
     *,
+    owner: int | None = None,
+    priority: int = 0,
     parked_before: bool = False,
 ) -> Reservation:
     """Reserve a request's start against `endpoint`'s shared budget (see the module's text).
 
     A start further off than `horizon` seconds is not reserved: the answer is `later`, with the
-    request's place in the line of the runs parked so far (`parked_line`), so that the parked
-    runs come back one after another, and a request made meanwhile (another owner's, a higher
-    priority) is not queued behind them. A run `parked_before` that is still too far off keeps
-    its place near the front: its place is the next free start, and the line does not grow.
+    request's place in the line of its `owner`'s runs of its `priority` parked so far
+    (`parked_lines`). So those come back one after another, and another owner's request, or a
+    higher priority, is not queued behind them: the claims, which interleave owners and take
+    higher priorities first, take them back in turn. A run `parked_before` that is still too far off keeps its place at
+    the front: its place is the next free start, and no line grows.
     """
     limits = limits_of(endpoint)
     with transaction.atomic():
@@ -130,10 +133,8 @@ def reserve(
         if horizon is not None and (start - now).total_seconds() > horizon:
             if parked_before:
                 return Reservation(endpoint, start, later=True)
-            place = max(start, row.parked_line or start)
-            row.parked_line = place + timedelta(seconds=1 / rate if rate else 0)
-            row.save(update_fields=["parked_line"])
-            return Reservation(endpoint, place, later=True)
+            key = f"{'' if owner is None else owner}:{priority}"
+            return Reservation(endpoint, _place(row, key, start, rate, now), later=True)
         if rate:
             row.next_start = start + timedelta(seconds=1 / rate)
         if limits.tokens_per_minute:
@@ -200,6 +201,19 @@ def _locked(endpoint: str) -> ProviderBudget:
     except IntegrityError:
         pass  # another process made it first
     return ProviderBudget.objects.select_for_update().get(pk=endpoint)
+
+
+def _place(
+    row: ProviderBudget, key: str, start: datetime, rate: float | None, now: datetime
+) -> datetime:
+    """Give a parking request its place in the line `key` (owner:priority), and move that line
+    on by one request's share of the rate (the lines already passed are forgotten)."""
+    lines = {k: datetime.fromisoformat(at) for k, at in (row.parked_lines or {}).items()}
+    place = max(start, lines.get(key, start))
+    lines[key] = place + timedelta(seconds=1 / rate if rate else 0)
+    row.parked_lines = {k: at.isoformat() for k, at in lines.items() if at > now}
+    row.save(update_fields=["parked_lines"])
+    return place
 
 
 def _rate(limits: Limits, row: ProviderBudget) -> float | None:

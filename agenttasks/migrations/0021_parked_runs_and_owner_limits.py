@@ -1,6 +1,6 @@
 """Parked runs and the per-owner limit on runs in flight: `Run.limited_since` (since when a run
-parked for its provider's limit has waited), `ProviderBudget.parked_line` (where the parked
-runs' turns would end), and on PostgreSQL `agenttasks_claim_runs_v4`
+parked for its provider's limit has waited), `ProviderBudget.parked_lines` (where each owner's
+parked runs' turns would end), and on PostgreSQL `agenttasks_claim_runs_v4`
 (`agenttasks/migrations/frozen/claim_runs_v4.sql`): the claim of several runs that leaves queued
 the task runs of an owner with MAX_RUNNING_PER_USER of them running.
 
@@ -29,8 +29,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='providerbudget',
-            name='parked_line',
-            field=models.DateTimeField(blank=True, help_text="Where the turns of the runs parked for this endpoint would end: each parked run is told to come back at its place in it.", null=True, verbose_name="parked runs' line ends at"),
+            name='parked_lines',
+            field=models.JSONField(blank=True, default=dict, help_text="Where the line of each owner's runs of each priority parked for this endpoint ends, by `owner:priority`: a parked run comes back at its place in it.", verbose_name="parked runs' lines"),
         ),
         migrations.RunPython(on_postgres(frozen("claim_runs_v4.sql")), on_postgres(DROP_V4)),
     ]

@@ -14,12 +14,12 @@ class ProviderBudget(models.Model):
     endpoint = models.CharField("endpoint", max_length=64, primary_key=True)
     next_start = models.DateTimeField("next request at", null=True, blank=True)
     next_tokens = models.DateTimeField("tokens free at", null=True, blank=True)
-    parked_line = models.DateTimeField(
-        "parked runs' line ends at",
-        null=True,
+    parked_lines = models.JSONField(
+        "parked runs' lines",
+        default=dict,
         blank=True,
-        help_text="Where the turns of the runs parked for this endpoint would end: each parked "
-        "run is told to come back at its place in it.",
+        help_text="Where the line of each owner's runs of each priority parked for this "
+        "endpoint ends, by `owner:priority`: a parked run comes back at its place in it.",
     )
     paused_until = models.DateTimeField(
         "paused until",

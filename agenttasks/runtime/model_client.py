@@ -420,6 +420,8 @@ class ModelClient:
                 estimate,
                 self.config.timeout,
                 horizon,
+                owner=self.ctx.conversation.owner_id,
+                priority=self.ctx.task.priority if self.ctx.task is not None else 0,
                 parked_before=parked_before,
             )
             delay = busy_wait if turn.busy else (turn.start - timezone.now()).total_seconds()

@@ -53,8 +53,19 @@ def test_a_start_beyond_the_horizon_is_a_place_in_the_parked_line_not_a_turn():
     assert (parked[0].start - taken[1].start).total_seconds() == pytest.approx(spacing, abs=0.01)
     assert again.start == parked[0].start  # a run parked before is not sent to the back
     assert direct.start == parked[0].start and not direct.later
-    row = ProviderBudget.objects.get(pk="llm")
-    assert row.parked_line == parked[2].start + timedelta(seconds=spacing)
+    line = ProviderBudget.objects.get(pk="llm").parked_lines[":0"]  # anonymous, priority 0
+    assert line == (parked[2].start + timedelta(seconds=spacing)).isoformat()
+
+
+def test_each_owner_and_priority_parks_in_a_line_of_its_own():
+    with limited(requests_per_minute=60):
+        budgets.reserve("llm", 10, 30)  # the next free start is 1.11 s away
+        first = [budgets.reserve("llm", 10, 30, horizon=0.5, owner=1) for _ in range(3)]
+        other = budgets.reserve("llm", 10, 30, horizon=0.5, owner=2)
+        urgent = budgets.reserve("llm", 10, 30, horizon=0.5, owner=1, priority=50)
+    assert other.later and other.start == first[0].start  # not behind owner 1's three
+    assert urgent.later and urgent.start == first[0].start
+    assert set(ProviderBudget.objects.get(pk="llm").parked_lines) == {"1:0", "2:0", "1:50"}
 
 
 def test_an_endpoint_without_limits_starts_at_once():

@@ -809,7 +809,8 @@ def test_a_turn_further_off_than_park_after_parks_the_run_until_its_place_in_lin
     # first), and it comes back half of PARK_AFTER before it; nothing was reserved for it.
     place = budget.next_start
     assert parked.run.not_before == place - timedelta(seconds=0.25)
-    assert budget.parked_line == place + timedelta(seconds=1 / 0.9)
+    line = budget.parked_lines[f"{user.pk}:0"]
+    assert line == (place + timedelta(seconds=1 / 0.9)).isoformat()
     assert parked.run.limited_since is not None and parked.run.turns == 0
     statuses = [e.data["to"] for e in events(parked.conversation_id, "task.status")]
     assert statuses == ["pending", "running", "pending"]
