@@ -20,17 +20,20 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
+from datetime import timedelta
 from multiprocessing import util as multiprocessing_util
 
 from django.db import connection
 from django.utils import timezone
 
-from .. import store
+from .. import registry, store
 from ..broker import deltas, queue
 from ..broker.listen import hub
 from ..compat import django_q
 from ..conf import app_settings
 from ..exceptions import RunNotFound
+from ..flow import budgets
 from ..models import Run, WorkerProcess
 from ..operations import metrics
 from ..runtime.base import release_connection
@@ -44,6 +47,8 @@ POSTGRES_SLOTS = 100
 CLAIM_RETRY = 1.0  # seconds before a claim that failed is tried again
 PASSED_RETRY = (0.02, 1.0)  # after passing over held runs: first retry, and the longest wait
 CLAIM_GATHER = 0.02  # the least time between two claims of a process (a burst: fewer claims)
+LINE_RECHECK = timedelta(seconds=0.2)
+LINE_SHARE = 4  # the claims keep each endpoint's line of turns at PARK_AFTER / LINE_SHARE  # claim again after runs were left for their agent's line
 
 
 def execute_run(run_id: str) -> None:
@@ -68,6 +73,22 @@ def execute_run(run_id: str) -> None:
         logger.debug("worker.not_claimed run=%s", run_id)
         return
     drive(run, worker)
+
+
+def agent_room() -> dict[str, int]:
+    """How many more runs of each chat agent a claim may take, from how full its endpoint's
+    line of turns was when this process last reserved one (docs/operating.md#meeting-your-providers-limits).
+
+    The claims keep each line about half of PARK_AFTER long: the runs beyond stay queued, in
+    fair order, rather than being claimed to wait (or park) behind it.
+    """
+    within = app_settings.PARK_AFTER / LINE_SHARE
+    lines = budgets.room(within) if within else {}
+    return {
+        agent.id: lines[agent.endpoint]
+        for agent in registry.agents()
+        if agent.runtime == "chat" and agent.endpoint in lines
+    }
 
 
 def slots_per_process() -> int:
@@ -153,8 +174,9 @@ class RunPool:
             self.backlog = False  # a job delivered during the claim sets it again
             self.held += free
         claimed = Claimed([])
+        room = agent_room()
         try:
-            claimed = reconnecting(lambda: store.claim_many(self.identity, free, first))
+            claimed = reconnecting(lambda: store.claim_many(self.identity, free, first, room))
         except Exception:
             logger.exception("worker.claim_failed free=%d", free)
             with self._lock:
@@ -167,13 +189,18 @@ class RunPool:
         if runs:
             metrics.record_claims(runs, timezone.now())
             release_connection()
+        taken = Counter(run.agent for run in runs)
+        # An agent's runs may have been left queued for its endpoint's line: look again soon.
+        lined_up = len(runs) < free and any(taken[a] >= n for a, n in room.items())
         with self._lock:
             self.held -= free - len(runs)
-            if len(runs) == free or claimed.passed:
+            if len(runs) == free or claimed.passed or lined_up:
                 self.backlog = True  # all it asked for, or some were held: there may be more
             self._lock.notify_all()
         if claimed.next_at is not None:
             self._look_again_at(claimed.next_at)
+        if lined_up:
+            self._look_again_at(timezone.now() + LINE_RECHECK)
         if claimed.passed and len(runs) < free:
             # Held by a short transaction: try again soon, then less and less often.
             threading.Timer(self._passed_wait, self._wanted.set).start()

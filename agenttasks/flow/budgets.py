@@ -16,6 +16,7 @@ bounds the requests in flight with a permit each, which lapses if its holder die
 """
 
 import math
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -130,6 +131,7 @@ def reserve(
         if limits.tokens_per_minute:
             start = max(start, token_start)
         rate = _rate(limits, row)
+        _lines.saw(endpoint, start, rate)
         if horizon is not None and (start - now).total_seconds() > horizon:
             if parked_before:
                 return Reservation(endpoint, start, later=True)
@@ -145,6 +147,47 @@ def reserve(
             expires = start + timedelta(seconds=timeout + PERMIT_SLACK)
             permit = ProviderPermit.objects.create(endpoint=endpoint, expires_at=expires).pk
     return Reservation(endpoint, start, tokens, permit)
+
+
+class _Lines:
+    """Where each endpoint's line of turns ended when this process last reserved, and its rate:
+    the claims of this process take no more runs than the line has room for (`room`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[datetime, float]] = {}
+
+    def saw(self, endpoint: str, start: datetime, rate: float | None) -> None:
+        with self._lock:
+            if rate:
+                self._seen[endpoint] = (start + timedelta(seconds=1 / rate), rate)
+            else:
+                self._seen.pop(endpoint, None)
+
+    def room(self, within: float, now: datetime) -> dict[str, int]:
+        """For each endpoint with a rate: how many more requests its line takes before it
+        reaches `within` seconds from now."""
+        found = {}
+        with self._lock:
+            for endpoint, (end, rate) in self._seen.items():
+                ahead = max((end - now).total_seconds(), 0.0)
+                found[endpoint] = max(math.floor((within - ahead) * rate + 1e-9), 0)
+        return found
+
+
+_lines = _Lines()
+
+
+def room(within: float) -> dict[str, int]:
+    """Say how many more requests each endpoint's line, as this process last saw it, takes
+    before it reaches `within` seconds from now; an endpoint with a configured rate that this
+    process has not used yet takes `within` seconds of it."""
+    found = _lines.room(within, timezone.now())
+    for endpoint, given in (app_settings.MODEL_LIMITS or {}).items():
+        rate = (given or {}).get("requests_per_minute")
+        if endpoint not in found and rate:
+            found[endpoint] = max(math.floor(within * HEADROOM * rate / 60), 1)
+    return found
 
 
 def release(reservation: Reservation, used_tokens: int | None = None) -> None:

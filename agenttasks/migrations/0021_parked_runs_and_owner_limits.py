@@ -2,7 +2,8 @@
 parked for its provider's limit has waited), `ProviderBudget.parked_lines` (where each owner's
 parked runs' turns would end), and on PostgreSQL `agenttasks_claim_runs_v4`
 (`agenttasks/migrations/frozen/claim_runs_v4.sql`): the claim of several runs that leaves queued
-the task runs of an owner with MAX_RUNNING_PER_USER of them running.
+the task runs of an owner with MAX_RUNNING_PER_USER of them running, and the runs of an agent
+whose model endpoint's line of turns is full.
 
 `agenttasks_claim_runs_v3` stays installed for the code of earlier versions."""
 
@@ -11,7 +12,8 @@ from django.db import migrations, models
 from agenttasks.sql import frozen, on_postgres
 
 DROP_V4 = (
-    "DROP FUNCTION IF EXISTS agenttasks_claim_runs_v4(text, integer, timestamptz, text[], integer);"
+    "DROP FUNCTION IF EXISTS "
+    "agenttasks_claim_runs_v4(text, integer, timestamptz, text[], integer, jsonb);"
 )
 
 

@@ -41,10 +41,16 @@ def claim(run_id: str, worker: str = "") -> Run | None:
 
 
 @retried
-def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
+def claim_many(
+    worker: str,
+    limit: int,
+    first: Sequence[str] = (),
+    agent_room: dict[str, int] | None = None,
+) -> Claimed:
     """Claim up to `limit` due queued runs in one statement: those named in `first`, then the
     others in fair order (`fair_order`), leaving queued the task runs of an owner who has
-    MAX_RUNNING_PER_USER of them running.
+    MAX_RUNNING_PER_USER of them running, and the runs of an agent beyond its `agent_room`
+    (how many more its model endpoint's line of turns takes).
 
     Concurrent claimers pass over each other's rows (SKIP LOCKED on PostgreSQL) and never claim
     one run twice; delegate children are claimed only when named (their callers execute them
@@ -56,7 +62,7 @@ def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
     now = timezone.now()
     per_owner = app_settings.MAX_RUNNING_PER_USER
     if postgres.enabled():
-        return postgres.claim_many(worker, limit, now, list(first), per_owner)
+        return postgres.claim_many(worker, limit, now, list(first), per_owner, agent_room or {})
     # SQLite: the transaction holds the database's write lock from BEGIN (IMMEDIATE).
     claimed: list[Run] = []
     with transaction.atomic():
@@ -68,21 +74,26 @@ def claim_many(worker: str, limit: int, first: Sequence[str] = ()) -> Claimed:
                 seen.add(run_id)
                 _claim_into(claimed, run_id, worker, now, delegates=True)
         running = _running_by_owner() if per_owner else Counter()
-        for run_id, owner, of_task in fair_order(now, exclude=seen):
+        room = Counter(agent_room or {})
+        room.subtract(run.agent for run in claimed)
+        for run_id, agent, owner, of_task in fair_order(now, exclude=seen):
             if len(claimed) >= limit:
                 break
             held_back = per_owner and of_task and owner is not None
-            if held_back and running[owner] >= per_owner:
+            if (held_back and running[owner] >= per_owner) or (
+                agent_room and agent in agent_room and room[agent] <= 0
+            ):
                 continue
-            if _claim_into(claimed, run_id, worker, now, delegates=False) and of_task:
-                running[owner] += 1
+            if _claim_into(claimed, run_id, worker, now, delegates=False):
+                running[owner] += of_task
+                room[agent] -= 1
         next_at = Run.objects.not_due(now).aggregate(at=Min("not_before"))["at"]
     return Claimed(claimed, next_at=next_at)
 
 
-def fair_order(now: datetime, exclude: set[str]) -> list[tuple[str, int | None, bool]]:
+def fair_order(now: datetime, exclude: set[str]) -> list[tuple[str, str, int | None, bool]]:
     """Order the due queued runs as claims take them (agenttasks_claim_runs_v4 on PostgreSQL):
-    (run id, owner id, whether it is a task's run).
+    (run id, agent, owner id, whether it is a task's run).
 
     Wake-up runs first (they finish what has begun); then owner by owner: every owner's best
     run, then every owner's second, and so on, where an owner's runs go by task priority, then
@@ -93,14 +104,14 @@ def fair_order(now: datetime, exclude: set[str]) -> list[tuple[str, int | None, 
         .exclude(pk__in=exclude)
         .annotate(priority=Coalesce("task__priority", 0), owner=F("conversation__owner_id"))
         .order_by("-priority", "queued_at", "id")
-        .values_list("pk", "trigger", "priority", "owner", "queued_at", "task_id")
+        .values_list("pk", "trigger", "priority", "owner", "queued_at", "task_id", "agent")
     )
     shares: Counter[int | None] = Counter()
     keyed = []
-    for run_id, trigger, priority, owner, queued_at, task_id in rows:
+    for run_id, trigger, priority, owner, queued_at, task_id, agent in rows:
         shares[owner] += 1
         rank = (trigger != RunTrigger.WAKEUP, shares[owner], -priority, queued_at)
-        keyed.append((rank, (run_id, owner, task_id is not None)))
+        keyed.append((rank, (run_id, agent, owner, task_id is not None)))
     return [run for _, run in sorted(keyed, key=lambda pair: pair[0])]
 
 

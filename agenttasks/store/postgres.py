@@ -176,11 +176,27 @@ def claim(run_id: str, worker: str, now: datetime) -> Run | None:
     return _linked(answer)[1]
 
 
-def claim_many(worker: str, limit: int, now: datetime, first: list[str], per_owner: int) -> Claimed:
+def claim_many(
+    worker: str,
+    limit: int,
+    now: datetime,
+    first: list[str],
+    per_owner: int,
+    agent_room: dict[str, int],
+) -> Claimed:
     """Claim up to `limit` queued runs, those in `first` first, then in fair order, at most
-    `per_owner` of an owner's tasks running (0: no limit); one statement."""
+    `per_owner` of an owner's tasks running (0: no limit) and `agent_room[agent]` runs of an
+    agent; one statement."""
     answer = _answer(
-        _call("agenttasks_claim_runs_v4", worker, limit, now.isoformat(), first, per_owner)
+        _call(
+            "agenttasks_claim_runs_v4",
+            worker,
+            limit,
+            now.isoformat(),
+            first,
+            per_owner,
+            JSON(agent_room),
+        )
     )
     runs = [_linked(claim)[1] for claim in answer["claims"]]
     next_at = answer.get("next_at")

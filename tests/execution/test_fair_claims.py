@@ -128,3 +128,17 @@ def test_runs_without_a_task_are_not_held_back_by_the_running_limit(user):
     assert claimed(10) == [task.run_id]
     wake = RunFactory(conversation=ConversationFactory(owner=user), trigger="wakeup")
     assert claimed(10) == [wake.id]
+
+
+def test_an_agent_whose_line_is_full_is_left_queued_while_others_go_on(user):
+    other = UserFactory(username="b")
+    chatty = create(user, 3)
+    quiet = [
+        store.create_task(NewTask(owner=other, agent="worker", input=f"w {i}")) for i in range(2)
+    ]
+    answer = store.claim_many("host:1", 10, agent_room={"echo": 1})
+    assert sorted(r.id for r in answer.runs) == sorted(
+        [chatty[0].run_id, quiet[0].run_id, quiet[1].run_id]
+    )
+    assert store.claim_many("host:1", 10, agent_room={"echo": 0}).runs == []
+    assert claimed(10) == [chatty[1].run_id, chatty[2].run_id]  # room again: in their order

@@ -188,3 +188,19 @@ def test_good_limits_pass_the_system_check():
     good = {"llm": {"requests_per_minute": 3000, "tokens_per_minute": 10**6, "concurrent": 5}}
     with override_settings(AGENTTASKS={"MODEL_LIMITS": good}):
         call_command("check")
+
+
+def test_the_room_left_in_a_line_is_what_this_process_last_saw():
+    with limited(requests_per_minute=600):  # 9 a second at 90 %
+        for _ in range(5):
+            budgets.reserve("llm", 10, 30)
+        fits = budgets.room(1.0)["llm"]
+    # Five turns hold about 0.56 s of the line: about 4 more fit before it is 1 s long.
+    assert fits in (3, 4)
+    with limited(requests_per_minute=600):
+        for _ in range(6):
+            budgets.reserve("llm", 10, 30)
+        fits = budgets.room(1.0)["llm"]
+    assert fits == 0  # full: nothing more until the line moves
+    budgets.reserve("no-rate", 10, 30)
+    assert "no-rate" not in budgets.room(1.0)  # an endpoint without a rate has no line

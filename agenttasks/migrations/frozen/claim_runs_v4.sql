@@ -4,11 +4,14 @@
 -- run, then each owner's second, ...), a higher task priority first within an owner's share and
 -- between owners' runs of the same rank, then the oldest. Version 4 adds p_per_owner (0: none):
 -- an owner with that many runs of tasks running gets no more of them until one ends (the runs
--- named in p_first, which their callers wait on, and runs without a task are not held back).
--- Answers {"claims": [...], "passed": n, "next_at": t}: next_at is the earliest not_before
+-- named in p_first, which their callers wait on, and runs without a task are not held back);
+-- and p_agent_room ({agent: n}): no more than n runs of that agent are taken in fair order (its
+-- model endpoint's line of turns has room for n more), the runs of the agent claimed by this
+-- call counted. Answers {"claims": [...], "passed": n, "next_at": t}: next_at is the earliest not_before
 -- still to come (null when none), so the claimer knows when to look again.
 CREATE FUNCTION agenttasks_claim_runs_v4(
-    p_worker text, p_limit integer, p_now timestamptz, p_first text[], p_per_owner integer
+    p_worker text, p_limit integer, p_now timestamptz, p_first text[], p_per_owner integer,
+    p_agent_room jsonb
 ) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -58,9 +61,13 @@ BEGIN
                   FROM agenttasks_run r
                   JOIN agenttasks_conversation c ON c.id = r.conversation_id
                  WHERE p_per_owner > 0 AND r.status = 'running' AND r.task_id IS NOT NULL
-                 GROUP BY c.owner_id)
-            SELECT id FROM (
-                SELECT r.id, r.trigger, r.queued_at, coalesce(t.priority, 0) AS priority,
+                 GROUP BY c.owner_id),
+            taken AS (
+                SELECT claim->'run'->>'agent' AS agent, count(*) AS n
+                  FROM jsonb_array_elements(v_claimed) AS claim
+                 GROUP BY 1),
+            due AS (
+                SELECT r.id, r.trigger, r.queued_at, r.agent, coalesce(t.priority, 0) AS priority,
                        t.id IS NOT NULL AS of_task, c.owner_id,
                        row_number() OVER share_order AS share,
                        count(t.id) OVER share_order AS task_share
@@ -71,12 +78,20 @@ BEGIN
                    AND (r.not_before IS NULL OR r.not_before <= p_now)
                 WINDOW share_order AS (
                     PARTITION BY c.owner_id
-                    ORDER BY coalesce(t.priority, 0) DESC, r.queued_at, r.id)
-            ) AS due
-             LEFT JOIN running ON running.owner_id = due.owner_id
-             WHERE p_per_owner <= 0 OR NOT due.of_task OR due.owner_id IS NULL
-                OR due.task_share <= p_per_owner - coalesce(running.n, 0)
-             ORDER BY (trigger = 'wakeup') DESC, share, priority DESC, queued_at, id
+                    ORDER BY coalesce(t.priority, 0) DESC, r.queued_at, r.id)),
+            allowed AS (
+                SELECT due.*, row_number() OVER (
+                           PARTITION BY due.agent
+                           ORDER BY (due.trigger = 'wakeup') DESC, due.share,
+                                    due.priority DESC, due.queued_at, due.id) AS agent_rank
+                  FROM due LEFT JOIN running ON running.owner_id = due.owner_id
+                 WHERE p_per_owner <= 0 OR NOT due.of_task OR due.owner_id IS NULL
+                    OR due.task_share <= p_per_owner - coalesce(running.n, 0))
+            SELECT allowed.id FROM allowed LEFT JOIN taken ON taken.agent = allowed.agent
+             WHERE NOT coalesce(p_agent_room, '{}') ? allowed.agent
+                OR allowed.agent_rank
+                   <= (p_agent_room->>allowed.agent)::integer - coalesce(taken.n, 0)
+             ORDER BY (trigger = 'wakeup') DESC, share, priority DESC, queued_at, allowed.id
              LIMIT p_limit - jsonb_array_length(v_claimed) + 8);
         EXIT WHEN cardinality(v_ids) = 0;
         v_seen := v_seen || v_ids;
