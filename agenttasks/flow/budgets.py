@@ -17,6 +17,7 @@ bounds the requests in flight with a permit each, which lapses if its holder die
 
 import math
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -24,7 +25,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..models import ProviderBudget, ProviderPermit
+from ..models import ProviderBudget, ProviderPermit, WorkerProcess
 
 LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "concurrent")
 # The share of a configured rate the starts are spaced by: a start that comes late (a busy
@@ -33,12 +34,13 @@ HEADROOM = 0.9
 # A refusal sets the learned rate to this share of the rate the cluster sent: a little below a
 # configured rate (the setting is trusted, the refusal may be a moment's bunching), well below
 # a rate the cluster only guessed.
-SLOWDOWN = {"configured": 0.95, "guessed": 0.8}
+SLOWDOWN = {"configured": 0.95, "guessed": 0.7}
 GROWTH = 0.1  # the learned rate grows back by this share a second while nothing is refused
 QUIET = 5.0  # seconds after a refusal before the learned rate grows again
 DROP_EVERY = 1.0  # seconds: the learned rate drops once in this time at most
 LEAST_RATE = 0.1  # requests a second: a learned rate never goes below this
 PERMIT_SLACK = 30.0  # seconds a permit outlives its request's timeout before it lapses
+FREE_CHECK = 1.0  # seconds a process trusts that an endpoint without limits is still free
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class Limits:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     concurrent: int | None = None
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.requests_per_minute or self.tokens_per_minute or self.concurrent)
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,8 @@ def reserve(
     the front: its place is the next free start, and no line grows.
     """
     limits = limits_of(endpoint)
+    if not limits.configured and _free.start(endpoint):
+        return Reservation(endpoint, timezone.now())
     with transaction.atomic():
         row = _locked(endpoint)
         now = timezone.now()
@@ -149,6 +157,56 @@ def reserve(
     return Reservation(endpoint, start, tokens, permit)
 
 
+class _Free:
+    """The endpoints without limits, a learned rate or a pause, as this process knows them:
+    their requests start at once without a statement (the row is read at most once a
+    FREE_CHECK). Each process counts its own starts, so that the first refusal can guess the
+    rate the cluster sent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._checked: dict[str, float] = {}  # endpoint: when it was last seen free (monotonic)
+        self._recent: dict[str, tuple[float, float]] = {}  # endpoint: (starts a second, at)
+
+    def start(self, endpoint: str) -> bool:
+        """Say whether `endpoint` is free and, if it is, count a start."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._checked.get(endpoint)
+        if seen is None or now - seen > FREE_CHECK:
+            row = (
+                ProviderBudget.objects.filter(pk=endpoint)
+                .values_list("learned_rate", "paused_until")
+                .first()
+            )
+            free = row is None or (row[0] is None and (row[1] is None or row[1] <= timezone.now()))
+            with self._lock:
+                if not free:
+                    self._checked.pop(endpoint, None)
+                    return False
+                self._checked[endpoint] = now
+        with self._lock:
+            rate, at = self._recent.get(endpoint, (0.0, now))
+            self._recent[endpoint] = (rate * math.exp(-(now - at)) + 1, now)
+        return True
+
+    def forget(self, endpoint: str) -> None:
+        with self._lock:
+            self._checked.pop(endpoint, None)
+
+    def cluster_rate(self, endpoint: str) -> float:
+        """Guess the starts a second the cluster sent: this process's, times the processes."""
+        with self._lock:
+            rate, at = self._recent.get(endpoint, (0.0, time.monotonic()))
+        mine = rate * math.exp(-(time.monotonic() - at))
+        seen_since = timezone.now() - timedelta(seconds=app_settings.LEASE_TIMEOUT)
+        processes = WorkerProcess.objects.filter(seen_at__gte=seen_since).count()
+        return mine * max(processes, 1)
+
+
+_free = _Free()
+
+
 class _Lines:
     """Where each endpoint's line of turns ended when this process last reserved, and its rate:
     the claims of this process take no more runs than the line has room for (`room`)."""
@@ -171,7 +229,10 @@ class _Lines:
         with self._lock:
             for endpoint, (end, rate) in self._seen.items():
                 ahead = max((end - now).total_seconds(), 0.0)
-                found[endpoint] = max(math.floor((within - ahead) * rate + 1e-9), 0)
+                # One at least while the line is shorter than `within`: a slow endpoint's
+                # turns are further apart than that.
+                fits = math.floor((within - ahead) * rate + 1e-9)
+                found[endpoint] = max(fits, 1 if ahead < within else 0)
         return found
 
 
@@ -217,6 +278,7 @@ def refused(endpoint: str, wait: float | None) -> None:
     first refusal came are refused too, and they say nothing new.
     """
     limits = limits_of(endpoint)
+    _free.forget(endpoint)
     with transaction.atomic():
         row = _locked(endpoint)
         now = timezone.now()
@@ -224,7 +286,7 @@ def refused(endpoint: str, wait: float | None) -> None:
             row.paused_until = max(row.paused_until or now, now + timedelta(seconds=wait))
         if row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY:
             # With a rate, starts follow it; without, every reservation started at once.
-            sent = _rate(limits, row) or _decayed(row, now)
+            sent = _rate(limits, row) or max(_decayed(row, now), _free.cluster_rate(endpoint))
             slowdown = SLOWDOWN["configured" if limits.requests_per_minute else "guessed"]
             row.learned_rate = max(LEAST_RATE, sent * slowdown)
             row.limited_at = now
