@@ -47,8 +47,8 @@ POSTGRES_SLOTS = 100
 CLAIM_RETRY = 1.0  # seconds before a claim that failed is tried again
 PASSED_RETRY = (0.02, 1.0)  # after passing over held runs: first retry, and the longest wait
 CLAIM_GATHER = 0.02  # the least time between two claims of a process (a burst: fewer claims)
-LINE_RECHECK = timedelta(seconds=0.2)
-LINE_SHARE = 4  # the claims keep each endpoint's line of turns at PARK_AFTER / LINE_SHARE  # claim again after runs were left for their agent's line
+LINE_RECHECK = timedelta(seconds=0.2)  # claim again after runs were left for their agent's line
+LINE_SHARE = 4  # the claims keep each endpoint's line of turns at PARK_AFTER / LINE_SHARE
 
 
 def execute_run(run_id: str) -> None:
@@ -79,8 +79,8 @@ def agent_room() -> dict[str, int]:
     """How many more runs of each chat agent a claim may take, from how full its endpoint's
     line of turns was when this process last reserved one (docs/operating.md#meeting-your-providers-limits).
 
-    The claims keep each line about half of PARK_AFTER long: the runs beyond stay queued, in
-    fair order, rather than being claimed to wait (or park) behind it.
+    The claims keep each line about PARK_AFTER / LINE_SHARE long: the runs beyond stay queued,
+    in fair order, rather than being claimed to wait (or park) behind it.
     """
     within = app_settings.PARK_AFTER / LINE_SHARE
     lines = budgets.room(within) if within else {}

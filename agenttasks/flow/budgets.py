@@ -13,6 +13,11 @@ sets the learned rate below what the cluster was sending; it grows back by GROWT
 no refusal comes. `tokens_per_minute` spaces tokens the same way: a request reserves its
 estimated tokens, and the usage the provider reports corrects the reservation. `concurrent`
 bounds the requests in flight with a permit each, which lapses if its holder dies.
+
+An endpoint without limits costs no statement until a refusal teaches it a rate (`_Free`). A
+start further off than the run's horizon (PARK_AFTER) is not reserved: the run parks, told its
+place in its owner's line. Each process remembers where each line ended when it last reserved
+(`room`), so that its claims take no more runs than the line has room for.
 """
 
 import math
@@ -120,8 +125,8 @@ def reserve(
     request's place in the line of its `owner`'s runs of its `priority` parked so far
     (`parked_lines`). So those come back one after another, and another owner's request, or a
     higher priority, is not queued behind them: the claims, which interleave owners and take
-    higher priorities first, take them back in turn. A run `parked_before` that is still too far off keeps its place at
-    the front: its place is the next free start, and no line grows.
+    higher priorities first, take them back in turn. A run `parked_before` that is still too
+    far off keeps its place at the front: its place is the next free start, and no line grows.
     """
     limits = limits_of(endpoint)
     if not limits.configured and _free.start(endpoint):
