@@ -91,6 +91,14 @@ def agent_room() -> dict[str, int]:
     }
 
 
+def _after(seconds: float, call, *args) -> None:
+    """Call `call(*args)` in `seconds` on a daemon timer: a look to come never holds a stopping
+    process."""
+    timer = threading.Timer(seconds, call, args=args)
+    timer.daemon = True
+    timer.start()
+
+
 def slots_per_process() -> int:
     """WORKER_SLOTS, or the default of the database: 100 on PostgreSQL, 4 on SQLite."""
     configured = app_settings.WORKER_SLOTS
@@ -166,6 +174,7 @@ class RunPool:
 
     def _claim(self) -> None:
         """Claim runs for the free slots, in one statement."""
+        room = agent_room()
         with self._lock:
             free = self.size - self.held
             if self.retiring or free <= 0 or not self.backlog:
@@ -174,7 +183,6 @@ class RunPool:
             self.backlog = False  # a job delivered during the claim sets it again
             self.held += free
         claimed = Claimed([])
-        room = agent_room()
         try:
             claimed = reconnecting(lambda: store.claim_many(self.identity, free, first, room))
         except Exception:
@@ -182,7 +190,7 @@ class RunPool:
             with self._lock:
                 self.backlog = True
                 self.first.extend(first)
-            threading.Timer(CLAIM_RETRY, self._wanted.set).start()
+            _after(CLAIM_RETRY, self._wanted.set)
         finally:
             release_connection()
         runs = claimed.runs
@@ -203,7 +211,7 @@ class RunPool:
             self._look_again_at(timezone.now() + LINE_RECHECK)
         if claimed.passed and len(runs) < free:
             # Held by a short transaction: try again soon, then less and less often.
-            threading.Timer(self._passed_wait, self._wanted.set).start()
+            _after(self._passed_wait, self._wanted.set)
             self._passed_wait = min(self._passed_wait * 2, PASSED_RETRY[1])
         else:
             self._passed_wait = PASSED_RETRY[0]
@@ -219,7 +227,7 @@ class RunPool:
                 return
             self._next_look = when
         delay = max(0.0, (when - timezone.now()).total_seconds())
-        threading.Timer(delay, self._due, args=(when,)).start()
+        _after(delay, self._due, when)
 
     def _due(self, when) -> None:
         with self._lock:
