@@ -3,7 +3,8 @@ parked for its provider's limit has waited), `ProviderBudget.parked_lines` (wher
 parked runs' turns would end), and on PostgreSQL `agenttasks_claim_runs_v4`
 (`agenttasks/migrations/frozen/claim_runs_v4.sql`): the claim of several runs that leaves queued
 the task runs of an owner with MAX_RUNNING_PER_USER of them running, and the runs of an agent
-whose model endpoint's line of turns is full.
+whose model endpoint's line of turns is full; and `agenttasks_reserve_v1`
+(`frozen/reserve_v1.sql`): a request's turn in its endpoint's budget in one statement.
 
 `agenttasks_claim_runs_v3` stays installed for the code of earlier versions."""
 
@@ -35,4 +36,8 @@ class Migration(migrations.Migration):
             field=models.JSONField(blank=True, default=dict, help_text="Where the line of each owner's runs of each priority parked for this endpoint ends, by `owner:priority`: a parked run comes back at its place in it.", verbose_name="parked runs' lines"),
         ),
         migrations.RunPython(on_postgres(frozen("claim_runs_v4.sql")), on_postgres(DROP_V4)),
+        migrations.RunPython(
+            on_postgres(frozen("reserve_v1.sql")),
+            on_postgres("DROP FUNCTION IF EXISTS agenttasks_reserve_v1(jsonb);"),
+        ),
     ]

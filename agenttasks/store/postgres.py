@@ -255,3 +255,9 @@ def _ending(ending: Ending) -> dict[str, Any]:
     if ending.task_result is not None:
         data["task_result"] = result_fields(ending.task_result)
     return data
+
+
+def reserve(p: dict[str, Any]) -> dict[str, Any]:
+    """Reserve a request's turn in its endpoint's budget (`agenttasks_reserve_v1`, one
+    statement; flow.budgets builds `p` and reads the answer)."""
+    return _answer(_call("agenttasks_reserve_v1", JSON(p)))
