@@ -201,6 +201,8 @@ def test_rest_12_36_timeout_deny(as_alice, workers):
 def test_rest_12_37_timeout_cancel(as_alice, workers, receiver):
     with agenttasks(**ALLOW_LOOPBACK):
         task, action = paused(as_alice, "strict-approver", callbackUrl=receiver.url)
+        # Each callback is delivered on its own: the pause's first, so the order is known.
+        wait_for(lambda: len(receiver.bodies()) >= 1, message="the waiting_for_input callback")
         expire(action["id"])
         call_command("agenttasks_reap")
         assert as_alice.status(task["id"])["status"] == "cancelled"
