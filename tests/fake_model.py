@@ -89,16 +89,20 @@ def _frame(value) -> bytes:
     return b"data: " + (value if isinstance(value, bytes) else _json(value)) + b"\n\n"
 
 
-def streamed(deltas: list[dict], usage=U, gap: float = 0.0, finish="stop") -> Reply:
-    """200 text/event-stream: one chunk per `choices[0].delta`, then usage and [DONE]."""
+def streamed(
+    deltas: list[dict], usage=U, gap: float = 0.0, finish="stop", cut: bool = False
+) -> Reply:
+    """200 text/event-stream: one chunk per `choices[0].delta`, then usage and [DONE] (with
+    `cut`, the stream ends after the deltas, as a dropped one does)."""
     frames = [
         _frame({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         for delta in deltas
     ]
-    frames.append(_frame({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
-    if usage is not None:
-        frames.append(_frame({"choices": [], "usage": usage}))
-    frames.append(_frame(b"[DONE]"))
+    if not cut:
+        frames.append(_frame({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
+        if usage is not None:
+            frames.append(_frame({"choices": [], "usage": usage}))
+        frames.append(_frame(b"[DONE]"))
     return Reply(
         headers={"Content-Type": "text/event-stream"},
         chunks=frames,

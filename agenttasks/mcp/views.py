@@ -188,12 +188,15 @@ class McpView(AppPolicies):
 
     def legacy(self, message: protocol.Message, caller):
         """2025-11-25 (and the handshake versions before it): sessions."""
-        if message.kind == protocol.REQUEST and message.method == "initialize":
+        token = self.request.headers.get(protocol.SESSION_HEADER)
+        if message.kind == protocol.REQUEST and message.method == "initialize" and not token:
             session, response = dispatch.initialize(caller, message)
             out = self.reply(response)
             out[protocol.SESSION_HEADER] = session.token
             return out
-        session = sessions.resume(caller, self.request.headers.get(protocol.SESSION_HEADER))
+        session = sessions.resume(caller, token)
+        if message.kind == protocol.REQUEST and message.method == "initialize":
+            raise protocol.invalid_request("This session is initialized already")
         if message.kind == protocol.NOTIFICATION:
             dispatch.notified(session, message)
             return HttpResponse(status=202)

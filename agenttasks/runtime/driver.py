@@ -215,20 +215,34 @@ def reconnecting(write, *, window: float = RECONNECT_WINDOW):
     """Call `write`, retrying while the database is unreachable (a restart) for up to `window` s.
 
     Each store operation is one transaction, so a retry repeats a whole compare-and-set: one that
-    committed before the connection broke simply loses the second time.
+    committed before the connection broke simply loses the second time. A lost connection is
+    retried whatever error a lookup on the way wrapped it in (`SpawnError` from `meta_for`).
     """
     deadline = time.monotonic() + window
     delay = 0.2
     while True:
         try:
             return write()
-        except (OperationalError, InterfaceError):
-            if connection.in_atomic_block or time.monotonic() > deadline:
+        except Exception as exc:
+            if (
+                not _lost_connection(exc)
+                or connection.in_atomic_block
+                or time.monotonic() > deadline
+            ):
                 raise
             logger.warning("worker.database_unavailable retry_in=%.1fs", delay, exc_info=True)
             connection.close()
             time.sleep(delay)
             delay = min(delay * 2, 3.0)
+
+
+def _lost_connection(exc: BaseException | None) -> bool:
+    """Say whether `exc`, or an error it was raised from, is the database's being unreachable."""
+    while exc is not None:
+        if isinstance(exc, (OperationalError, InterfaceError)):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def execute_inline(run_id: str, *, depth: int, callers: list) -> bool:

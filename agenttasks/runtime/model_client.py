@@ -27,7 +27,7 @@ from ..models import Run
 from ..operations import metrics
 from .base import RunContext, RunStopped, release_connection
 from .budget import Budget, BudgetExceeded
-from .streaming import Accumulator, StreamError
+from .streaming import Accumulator, StreamCut, StreamError
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +267,7 @@ class _ModelIO:
                 accumulator.line(line)
                 if accumulator.done:
                     break
+            accumulator.ended()
             return None, accumulator
         finally:
             await response.aclose()
@@ -496,6 +497,8 @@ class ModelClient:
             response, streamed = future.result()
         except LateTurn:
             raise
+        except StreamCut as exc:
+            raise ModelError(str(exc), transient=True) from None
         except StreamError as exc:
             raise ModelError(str(exc)) from None
         except httpx.TimeoutException:

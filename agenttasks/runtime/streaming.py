@@ -16,6 +16,13 @@ class StreamError(ValueError):
     """A stream the server broke; the client reports it as a ModelError."""
 
 
+class StreamCut(StreamError):
+    """A stream that ended before it said it was complete: a failure that may pass."""
+
+
+CUT_TEXT = "Model server stream ended before the reply was complete"
+
+
 class Accumulator:
     """Join streamed chunks into one message; each content piece also goes to `on_piece`."""
 
@@ -24,7 +31,8 @@ class Accumulator:
         self.calls: dict[int, dict] = {}
         self.usage = None
         self.on_piece = on_piece
-        self.done = False
+        self.done = False  # [DONE] came
+        self.finished = False  # a chunk gave a finish_reason
         self.seen_content = False
 
     def line(self, line: str) -> None:
@@ -47,6 +55,8 @@ class Accumulator:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         choices = chunk.get("choices") or []
+        if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+            self.finished = True
         delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
         if isinstance(delta, dict):
             self._delta(delta)
@@ -75,6 +85,12 @@ class Accumulator:
                 slot["function"]["name"] += function["name"]
             if isinstance(function.get("arguments"), str):
                 slot["function"]["arguments"] += function["arguments"]
+
+    def ended(self) -> None:
+        """Take the end of the stream: one that never said it was complete ([DONE] or a
+        finish_reason) was cut, and its text is not a reply."""
+        if not (self.done or self.finished):
+            raise StreamCut(CUT_TEXT)
 
     def message(self) -> tuple[dict, object]:
         """Return the joined message (as `choices[0].message` would be) and the usage."""

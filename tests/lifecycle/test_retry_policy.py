@@ -14,7 +14,7 @@ from agenttasks.models import Run, Task
 from agenttasks.runtime.base import Reply, RetryableError
 
 from ..conftest import wait_for
-from ..fake_model import answer, http, refresh, run_to_idle
+from ..fake_model import answer, http, refresh, run_to_idle, stream_answer, streamed
 
 pytest_plugins = ["tests.fake_model"]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,6 +112,27 @@ def test_a_model_server_error_is_retried_by_the_policy_and_a_bad_request_is_not(
     model.script(lambda request: http(400, "bad request"))
     task = settle(lifecycle.create(owner=user, agent_id="plain", input="hi"), recording_queue)
     assert (task.status, task.attempt) == ("failed", 1)
+
+
+def test_a_stream_cut_short_is_a_model_error_that_the_policy_retries(
+    model, agents, user, recording_queue
+):
+    agents("streamer", model="m-stream", retry={**FAST, "max_attempts": 2})
+    replies = [streamed([{"content": "half an ans"}], cut=True), stream_answer(["whole"])]
+    server = model.script(lambda request: replies.pop(0) if len(replies) > 1 else replies[0])
+    task = settle(lifecycle.create(owner=user, agent_id="streamer", input="hi"), recording_queue)
+    assert (task.status, task.result, task.attempt) == ("completed", "whole", 2)
+    (cut,) = [r for r in runs_of(task) if r.status == "failed"]
+    assert cut.error == "Model server stream ended before the reply was complete"
+    assert server.served["m-stream"] == 2
+
+    agents("streamer", model="m-stream")  # no policy: the cut stream fails the task
+    model.script(lambda request: streamed([{"content": "half"}], cut=True))
+    task = settle(lifecycle.create(owner=user, agent_id="streamer", input="hi"), recording_queue)
+    assert (task.status, task.error) == (
+        "failed",
+        "Model server stream ended before the reply was complete",
+    )
 
 
 def test_a_task_waiting_for_its_retry_can_be_cancelled(agents, user, recording_queue):

@@ -159,6 +159,18 @@ def test_sessions_are_checked(server, alice, bob):
     assert refused(theirs, 404, INVALID_REQUEST)["message"] == "Session not found"
 
 
+def test_an_initialize_inside_a_session_is_refused_and_opens_none(server, alice):
+    session = session_of(server, alice.token)
+    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "x"}}
+    again = {"jsonrpc": "2.0", "id": 2, "method": "initialize", "params": params}
+    answer = post(server, again, token=alice.token, headers=session)
+    error = refused(answer, 400, INVALID_REQUEST)
+    assert error["message"] == "This session is initialized already"
+    assert "Mcp-Session-Id" not in answer.headers
+    ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+    assert post(server, ping, token=alice.token, headers=session).status_code == 200
+
+
 def test_malformed_requests_on_2026_07_28(server, alice):
     token = alice.token
     headers = modern_headers("tools/call", "echo")
