@@ -155,6 +155,28 @@ def check_worker_connections(app_configs=None, **kwargs):
     ]
 
 
+@register()
+def check_connection_health(app_configs=None, **kwargs):
+    """On PostgreSQL, reused connections are checked before use: a restart leaves them dead."""
+    return [
+        Warning(
+            f"Database {conn.alias!r} reuses PostgreSQL connections (a pool or CONN_MAX_AGE) "
+            "without CONN_HEALTH_CHECKS: after a database restart, each dead connection fails "
+            "the request or the run that is handed it.",
+            hint=f'Set DATABASES["{conn.alias}"]["CONN_HEALTH_CHECKS"] = True (the pool then '
+            "checks a connection before it hands it out).",
+            id="agenttasks.W011",
+        )
+        for conn in connections.all(initialized_only=False)
+        if conn.vendor == "postgresql"
+        and not conn.settings_dict.get("CONN_HEALTH_CHECKS")
+        and (
+            (conn.settings_dict.get("OPTIONS") or {}).get("pool")
+            or conn.settings_dict.get("CONN_MAX_AGE")
+        )
+    ]
+
+
 SQLITE_OPTIONS = (
     '"OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, '
     '"init_command": "PRAGMA journal_mode=WAL;"}'

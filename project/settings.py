@@ -88,7 +88,10 @@ def database_from_url(url: str) -> dict:
         # Database notes). Under ASGI every request runs in a thread of its own, so a persistent
         # connection would be left behind by each: the pool serves both.
         "CONN_MAX_AGE": 0 if POOLED else 60,
-        "CONN_HEALTH_CHECKS": not POOLED,
+        # Checked connections: the pool (or a persistent connection at a request's start) tries
+        # one before handing it out, so one that died with a database restart, or while a run
+        # waited on its model, is replaced instead of failing what uses it (README).
+        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             **({"pool": {"min_size": 1, "max_size": POOL_SIZE, "timeout": 30}} if POOLED else {}),
             # DB_SERVER_SIDE_BINDING=1: psycopg 3 binds parameters on the server (prepared

@@ -40,6 +40,7 @@ from rest_framework.views import set_rollback
 from .. import registry
 from ..conf import app_settings
 from ..exceptions import TaskError
+from ..store import faults
 from ..toolkit import body as api_body
 from ..toolkit import caps, errors, streams
 from ..toolkit.policies import AppPolicies
@@ -124,6 +125,10 @@ def translate(exc) -> Exception:
         return UnsupportedOperationError(message)
     if isinstance(exc, exceptions.MethodNotAllowed):
         return HttpRefusal(405, str(exc.detail))
+    if faults.lost_connection(exc):
+        logger.warning("a2a.database_unavailable", exc_info=(type(exc), exc, exc.__traceback__))
+        unavailable = errors.unavailable()
+        return HttpRefusal(unavailable.status, unavailable.message, unavailable.headers)
     logger.error("a2a.internal_error", exc_info=(type(exc), exc, exc.__traceback__))
     return InternalError("An unexpected error occurred")
 
@@ -204,6 +209,7 @@ def _grpc(status: int) -> str:
         403: "PERMISSION_DENIED",
         404: "NOT_FOUND",
         405: "UNIMPLEMENTED",
+        503: "UNAVAILABLE",
     }.get(status, "RESOURCE_EXHAUSTED" if status == 429 else "INVALID_ARGUMENT")
 
 

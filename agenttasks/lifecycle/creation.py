@@ -20,7 +20,7 @@ from ..exceptions import (
 )
 from ..models import Conversation, Run, Task
 from ..states import TaskKind
-from ..store import files
+from ..store import faults, files
 from ..types import ConversationRef, NewTask, Owner, TaskInfo, default_label
 from .base import info, read
 from .effects import announce, launch, launch_durable
@@ -177,7 +177,7 @@ def spawn(
         try:
             launch(run_id)
         except Exception as exc:
-            store.discard_spawn(task.id, f"could not start: {exc}")
+            store.discard_spawn(task.id, f"could not start: {faults.told(exc)}")
             raise LaunchFailed.spawn(exc) from exc
         task = read(task.id)  # the run may have moved on while it was being enqueued
     announce(task)

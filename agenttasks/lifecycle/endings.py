@@ -10,6 +10,7 @@ from ..delivery import wakeups
 from ..exceptions import SpawnError, TaskNotFound
 from ..models import Run, Task
 from ..states import TERMINAL, OutcomeStatus, RunStatus, StopReason, StopRequest, TaskStatus
+from ..store import faults
 from ..types import ConversationRef, Ending, RunOutcome, TaskInfo, usage_shape
 from .base import check_agent, conversation_id_of, info, read
 from .effects import announce, launch, launch_durable, own_run_boundary, resume_if_settled
@@ -230,14 +231,16 @@ def _continue(
         advanced = store.advance(task.id, run_id, next_run_id, input=cont.input, state=cont.state)
         reason = "the task was moved before the next run could start"
     except Exception as exc:
-        advanced, reason = None, str(exc)
+        logger.warning("endings.advance_failed task=%s", task.id, exc_info=True)
+        advanced, reason = None, faults.told(exc)
     if not advanced:
         return TaskStatus.FAILED, "could not advance to the next run: " + reason, None
     try:
         check_agent(advanced.agent)
         launch(next_run_id)
     except Exception as exc:
-        text = "could not start the next run: " + str(exc)
+        logger.warning("endings.next_run_not_started task=%s", task.id, exc_info=True)
+        text = "could not start the next run: " + faults.told(exc)
         won = store.finalize(
             task.id,
             next_run_id,

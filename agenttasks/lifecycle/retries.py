@@ -13,6 +13,7 @@ from ..exceptions import LaunchFailed, NotRetryable, RetryConflict, RetryLimit, 
 from ..models import Task
 from ..operations import metrics
 from ..states import TaskStatus
+from ..store import faults
 from ..types import RunOutcome, TaskInfo
 from .base import DELEGATE, check_agent, info, read, refuse
 from .effects import announce, launch, launch_durable
@@ -49,7 +50,8 @@ def retry_task(task_id: str) -> Task:
         check_agent(won.agent)
         launch(run_id)
     except Exception as exc:
-        full = f"retry could not start: {exc}"
+        logger.warning("retries.not_started task=%s", task.id, exc_info=True)
+        full = f"retry could not start: {faults.told(exc)}"
         released = store.release_retry_claim(
             task.id, run_id, full[: app_settings.SUMMARY_LIMIT], full
         )

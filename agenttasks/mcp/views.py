@@ -25,6 +25,7 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.views import set_rollback
 
 from ..conf import app_settings
+from ..store import faults
 from ..toolkit import body as api_body
 from ..toolkit import caps, errors, identity, streams
 from ..toolkit.policies import AppPolicies
@@ -102,6 +103,15 @@ def translate(exc) -> McpError:
         if exc.message == "The request body must be a JSON object":  # a batch, or a scalar
             return protocol.invalid_request(protocol.NOT_ONE_MESSAGE)
         return protocol.invalid_request(exc.message, status=exc.status)
+    if faults.lost_connection(exc):
+        logger.warning("mcp.database_unavailable", exc_info=(type(exc), exc, exc.__traceback__))
+        unavailable = errors.unavailable()
+        return McpError(
+            protocol.INTERNAL_ERROR,
+            unavailable.message,
+            status=unavailable.status,
+            headers=unavailable.headers,
+        )
     logger.error("mcp.internal_error", exc_info=(type(exc), exc, exc.__traceback__))
     return protocol.internal_error()
 

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import connection
 
 from .. import lifecycle, registry, store
 from ..broker import queue
@@ -21,6 +21,7 @@ from ..exceptions import RunNotFound, TaskNotFound
 from ..models import Run
 from ..operations import metrics
 from ..states import OutcomeStatus, StopRequest
+from ..store import faults
 from ..types import RunOutcome
 from . import callable as callable_runtime
 from . import chat, deadlines
@@ -225,7 +226,7 @@ def reconnecting(write, *, window: float = RECONNECT_WINDOW):
             return write()
         except Exception as exc:
             if (
-                not _lost_connection(exc)
+                not faults.lost_connection(exc)
                 or connection.in_atomic_block
                 or time.monotonic() > deadline
             ):
@@ -234,15 +235,6 @@ def reconnecting(write, *, window: float = RECONNECT_WINDOW):
             connection.close()
             time.sleep(delay)
             delay = min(delay * 2, 3.0)
-
-
-def _lost_connection(exc: BaseException | None) -> bool:
-    """Say whether `exc`, or an error it was raised from, is the database's being unreachable."""
-    while exc is not None:
-        if isinstance(exc, (OperationalError, InterfaceError)):
-            return True
-        exc = exc.__cause__
-    return False
 
 
 def execute_inline(run_id: str, *, depth: int, callers: list) -> bool:
@@ -318,7 +310,14 @@ def _run_runtime(run: Run, flag: StopFlag, **context) -> RunOutcome:
         )
     except Exception as exc:
         logger.exception("worker.run_raised run=%s", run.id)
-        return RunOutcome(run.id, OutcomeStatus.FAILED, error=str(exc) or type(exc).__name__)
+        # A lost connection may pass (the agent's retry policy tries again); a database's own
+        # text stays in the log.
+        return RunOutcome(
+            run.id,
+            OutcomeStatus.FAILED,
+            error=faults.told(exc),
+            retryable=faults.lost_connection(exc),
+        )
     except SystemExit as exc:
         if not queue.is_worker_timeout(exc):
             raise

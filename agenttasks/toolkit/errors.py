@@ -10,6 +10,7 @@ import math
 import re
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import connection
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -32,11 +33,13 @@ from ..exceptions import (
     TaskLimit,
     TaskNotFound,
 )
+from ..store import faults
 from ..store.files import FileRefused
 
 logger = logging.getLogger("agenttasks.api")
 
 INTERNAL_MESSAGE = "An unexpected error occurred"
+UNAVAILABLE_MESSAGE = "The service is briefly unavailable; try again in a moment"
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -219,10 +222,24 @@ def translate(exc, context) -> ApiError | None:
     return None
 
 
+def unavailable() -> ApiError:
+    """A request the database's absence stopped (a restart, a lost connection): try it again.
+
+    The broken connection is dropped now (a pool discards it), so the next request on this
+    thread gets a healthy one.
+    """
+    if not connection.in_atomic_block:
+        connection.close()
+    return ApiError(503, "SERVICE_UNAVAILABLE", UNAVAILABLE_MESSAGE, headers={"Retry-After": "1"})
+
+
 def handle(exc, context):
     """Handle an exception of the app's views (docs/rest.md#errors)."""
     error = translate(exc, context)
     set_rollback()
+    if error is None and faults.lost_connection(exc):
+        logger.warning("api.database_unavailable", exc_info=(type(exc), exc, exc.__traceback__))
+        error = unavailable()
     if error is None:
         logger.error("api.internal_error", exc_info=(type(exc), exc, exc.__traceback__))
         error = ApiError(500, "INTERNAL_ERROR", INTERNAL_MESSAGE)

@@ -90,6 +90,18 @@ def test_a_failure_that_is_not_retryable_ends_the_task_at_once(agents, user, rec
     assert len(runs_of(task)) == 1
 
 
+def test_a_database_error_fails_the_run_in_the_products_words_and_logs_the_detail(
+    agents, user, recording_queue, caplog
+):
+    def clash(ctx):
+        type(user).objects.create(username=user.username)  # a real unique violation
+
+    agents("clash", runtime="callable", handler=clash, retry=FAST)
+    task = settle(lifecycle.create(owner=user, agent_id="clash", input="go"), recording_queue)
+    assert (task.status, task.attempt, task.error) == ("failed", 1, "A database error occurred")
+    assert "unique" in caplog.text.lower()  # the database's own words went to the log
+
+
 def test_without_a_policy_a_retryable_failure_fails_the_task(agents, user, recording_queue):
     agents("flaky", runtime="callable", handler=flaky(1))
     task = settle(lifecycle.create(owner=user, agent_id="flaky", input="go"), recording_queue)
