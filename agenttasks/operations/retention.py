@@ -7,7 +7,8 @@ A daily django-q2 schedule (`agenttasks retention`, installed by every worker as
   with its events, runs, tasks, results, comments, wake-ups, actions and files (the bytes too);
 - files past their agent's `retentionDays`;
 - expired idempotency keys;
-- django-q2's failure rows older than RETENTION["failures_days"].
+- django-q2's failure rows older than RETENTION["failures_days"];
+- the rows of worker processes that died without removing theirs (SIGKILL, a lost machine).
 
 Every transaction deletes at most BATCH rows, so none holds its locks for long. A tree is marked
 `deleting` before its rows go (so no new work starts there), and checked again after the mark.
@@ -36,6 +37,7 @@ from ..models import (
     Task,
     TaskResult,
     Wakeup,
+    WorkerProcess,
 )
 from ..states import TERMINAL, WakeupState
 from ..store import deletion, files
@@ -46,6 +48,7 @@ BATCH = 1000  # rows per transaction, at most
 # The models whose rows a tree's prune deletes (or clears) itself, in order.
 KNOWN = {Comment, Conversation, Event, File, PendingAction, Run, Task, TaskResult, Wakeup}
 ROOTS = 200  # trees looked at together
+DEAD_WORKER_AGE = timedelta(hours=1)  # a process row not rewritten for this long is a dead one's
 SCHEDULE_NAME = "agenttasks retention"
 
 
@@ -96,6 +99,7 @@ def prune(
     _prune_expired_files(now, report)
     _prune_idempotency_keys(now - timedelta(hours=rules["idempotency_hours"]), report)
     _prune_failures(now - timedelta(days=rules["failures_days"]), report)
+    _prune_dead_workers(now - DEAD_WORKER_AGE, report)
     logger.info("retention.pruned dry_run=%s trees=%d rows=%s", dry_run, report.trees, report.rows)
     return report
 
@@ -417,3 +421,10 @@ def _prune_failures(cutoff: datetime, report: Report) -> None:
         if not ids:
             return
         _batch(report, functools.partial(_delete_failures, ids))
+
+
+def _prune_dead_workers(cutoff: datetime, report: Report) -> None:
+    """Delete the rows of worker processes last seen before `cutoff`: a live process rewrites
+    its row every HEARTBEAT_INTERVAL, and one that stops deletes it; a killed one cannot."""
+    queryset = WorkerProcess.objects.filter(seen_at__lt=cutoff)
+    _delete_rows(report, WorkerProcess, queryset, "dead worker processes")

@@ -27,6 +27,7 @@ from agenttasks.models import (
     Task,
     TaskResult,
     Wakeup,
+    WorkerProcess,
 )
 from agenttasks.operations import retention
 from agenttasks.store import files
@@ -288,3 +289,21 @@ def test_a_cluster_installs_the_daily_schedule_itself(start_cluster):
         Schedule.DAILY,
         -1,
     )
+
+
+def test_the_rows_of_killed_worker_processes_go_and_live_ones_stay(start_cluster):
+    cluster = start_cluster(workers=2)
+    wait_for(lambda: WorkerProcess.objects.count() == 2, timeout=30, message="two worker rows")
+    cluster.kill()  # SIGKILL: no process removes its row
+    killed = set(WorkerProcess.objects.values_list("pk", flat=True))
+    assert len(killed) == 2
+    start_cluster(workers=1)
+    wait_for(lambda: WorkerProcess.objects.count() == 3, timeout=30, message="the new row")
+    # An hour on, as the killed processes' rows would be then (the live one beats meanwhile).
+    WorkerProcess.objects.filter(pk__in=killed).update(
+        seen_at=timezone.now() - timedelta(hours=1, seconds=1)
+    )
+    report = retention.prune()
+    assert report.rows["dead worker processes"] == 2
+    assert not WorkerProcess.objects.filter(pk__in=killed).exists()
+    assert WorkerProcess.objects.count() == 1
