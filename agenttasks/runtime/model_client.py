@@ -39,6 +39,7 @@ NO_SERVER = (
 NO_MODEL = (
     'No model configured for agent "{id}": set AGENTTASKS["DEFAULT_MODEL"] or the agent\'s model'
 )
+STREAM_TOO_LONG = "Model server stream took longer than {seconds}s"
 POLL = 0.05  # how often a run waiting on its inline children looks at their progress
 BUSY_POLL = (0.05, 1.0)  # a full concurrency limit: the first wait for a permit, the longest
 # A request that would leave more than LATE seconds after its turn takes a new turn (LATE_TURNS
@@ -292,8 +293,9 @@ class Config:
     url: str
     headers: dict
     model: str
-    timeout: float
+    timeout: float  # a whole answer; a stream's first byte and each silence between its pieces
     retries: int
+    stream_timeout: float = 600.0  # a whole streamed reply
     endpoint: str = "default"
     patience: float = 300.0
 
@@ -321,6 +323,7 @@ def config(agent) -> Config:
         model=model,
         timeout=float(app_settings.MODEL_TIMEOUT),
         retries=int(app_settings.MODEL_RETRIES),
+        stream_timeout=float(app_settings.MODEL_STREAM_TIMEOUT),
         endpoint=getattr(agent, "endpoint", "default"),
         patience=float(getattr(agent, "patience_seconds", None) or app_settings.PROVIDER_PATIENCE),
     )
@@ -367,8 +370,9 @@ class ModelClient:
         patience = self.config.patience - (timezone.now() - since).total_seconds()
         patience_ends = time.monotonic() + patience
         attempt, late_turns = 0, LATE_TURNS
+        lasts = self.config.stream_timeout if on_delta is not None else self.config.timeout
         while True:
-            turn = self._turn(estimate, patience_ends, since, parked_before)
+            turn = self._turn(estimate, lasts, patience_ends, since, parked_before)
             not_after = None
             if late_turns and not turn.busy:
                 ahead = (turn.start - timezone.now()).total_seconds()
@@ -404,9 +408,15 @@ class ModelClient:
                 return response
 
     def _turn(
-        self, estimate: int, patience_ends: float, since: datetime, parked_before: bool
+        self,
+        estimate: int,
+        lasts: float,
+        patience_ends: float,
+        since: datetime,
+        parked_before: bool,
     ) -> budgets.Reservation:
-        """Wait for this request's turn in its endpoint's shared budget; return its reservation.
+        """Wait for this request's turn in its endpoint's shared budget; return its reservation
+        (its permit outlives `lasts`, the longest the request may take).
 
         The wait holds no database connection; a stop ends it. A turn further off than
         PARK_AFTER parks the run (when it may park); a turn beyond the run's patience fails the
@@ -419,7 +429,7 @@ class ModelClient:
                 budgets.reserve,
                 self.config.endpoint,
                 estimate,
-                self.config.timeout,
+                lasts,
                 horizon,
                 owner=self.ctx.conversation.owner_id,
                 priority=self.ctx.task.priority if self.ctx.task is not None else 0,
@@ -474,24 +484,34 @@ class ModelClient:
     def _send(
         self, body: bytes, on_delta: Callable | None = None, not_after: float | None = None
     ) -> Response:
-        timeout, cut = self.config.timeout, ""
+        # MODEL_TIMEOUT bounds a whole answer, but only each silence of a stream (as an HTTP
+        # client's read timeout does): a stream still sending is cut by MODEL_STREAM_TIMEOUT.
+        whole = self.config.stream_timeout if on_delta is not None else self.config.timeout
+        cut = ""
         left, budget_text = self.budget.wall_deadline()
-        if left is not None and left < timeout:
-            timeout, cut = left, budget_text
-        if timeout <= 0:
+        if left is not None and left < whole:
+            whole, cut = left, budget_text
+        if whole <= 0:
             raise BudgetExceeded(cut)
         woken = threading.Event()
         future = model_io().send(
-            self.config.url, self.config.headers, body, timeout, on_delta, not_after
+            self.config.url,
+            self.config.headers,
+            body,
+            min(self.config.timeout, whole),
+            on_delta,
+            not_after,
         )
         future.add_done_callback(lambda _: woken.set())
         try:
-            answered = self.ctx.wait(timeout, future.done, woken)
+            answered = self.ctx.wait(whole, future.done, woken)
         except RunStopped:
             future.cancel()  # disconnects this request, and no other
             raise
         if not answered:
             future.cancel()
+            if on_delta is not None and not cut:
+                raise ModelError(STREAM_TOO_LONG.format(seconds=format(whole, "g")), transient=True)
             self._timed_out(cut)
         try:
             response, streamed = future.result()

@@ -551,6 +551,28 @@ def test_s30_timeouts_and_an_unreachable_server(model, agents, user, recording_q
     assert done.status == "failed" and done.error.startswith("Model server unreachable: ")
 
 
+def test_a_stream_is_timed_by_its_silences_and_its_whole_length_by_its_own_cap(
+    model, agents, user, recording_queue
+):
+    model.set(MODEL_TIMEOUT=0.4, MODEL_RETRIES=0)
+    agents("streamer", model="m-stream", stream=True)
+    # Ten pieces 0.1 s apart: a stream longer than MODEL_TIMEOUT that never falls silent for it.
+    model.script(lambda r: stream_answer(list("abcdefghij"), gap=0.1))
+    done = refresh(task_for_and_run(user, "streamer", recording_queue))
+    assert (done.status, done.result) == ("completed", "abcdefghij")
+
+    model.script(lambda r: stream_answer(["a", "b"], gap=1.0))  # a silence over MODEL_TIMEOUT
+    done = refresh(task_for_and_run(user, "streamer", recording_queue))
+    assert (done.status, done.error) == ("failed", "Model server timed out after 0.4s")
+
+    model.set(MODEL_STREAM_TIMEOUT=0.5)  # the whole reply's cap
+    model.script(lambda r: stream_answer(list("abcdefghijklmnopqrst"), gap=0.1))
+    started = time.monotonic()
+    done = refresh(task_for_and_run(user, "streamer", recording_queue))
+    assert (done.status, done.error) == ("failed", "Model server stream took longer than 0.5s")
+    assert time.monotonic() - started < 1.8
+
+
 def _body(message):
     return http(200, {"choices": [{"message": message}]})
 
