@@ -37,6 +37,8 @@ NUMERIC_DEFAULTS: dict[str, float] = {
     "IDEMPOTENCY_WAIT": 5,
     "DEFAULT_TIMEOUT": 600,
     "SHUTDOWN_GRACE": 30,
+    # Threads per worker process that send callbacks and A2A pushes (delivery/lanes.py).
+    "DELIVERY_LANES": 8,
     "MAX_PUSH_CONFIGS_PER_TASK": 10,
     # Seconds an MCP agent tool call waits for its task before it answers with the task id
     # (docs/mcp.md): below the 60-second request timeout common MCP hosts use.

@@ -14,6 +14,8 @@ class Receiver:
         self.status = 200
         self.delay = 0.0
         self.location = None
+        self.in_flight = 0  # requests received and not yet answered
+        self.most_in_flight = 0
         self._lock = threading.Lock()
         receiver = self
 
@@ -27,10 +29,17 @@ class Receiver:
                             "headers": dict(self.headers),
                             "raw": body,
                             "json": _json(body),
+                            "at": time.monotonic(),
                         }
                     )
-                if receiver.delay:
-                    time.sleep(receiver.delay)
+                    receiver.in_flight += 1
+                    receiver.most_in_flight = max(receiver.most_in_flight, receiver.in_flight)
+                try:
+                    if receiver.delay:
+                        time.sleep(receiver.delay)
+                finally:
+                    with receiver._lock:
+                        receiver.in_flight -= 1
                 self.send_response(receiver.status)
                 if receiver.location:
                     self.send_header("Location", receiver.location)

@@ -8,7 +8,10 @@ its token in `X-A2A-Notification-Token`, to the address `callbacks.check_address
 SSRF guard, CALLBACK_ALLOWED_HOSTS and CALLBACK_ALLOWED_PORTS), without following redirects.
 Delivery is at least once: a network error, a timeout, a 408, a 429 or a 5xx is tried again,
 ATTEMPTS times in all with an exponential backoff; every attempt is a `callback.delivered` or
-`callback.failed` event in the task's conversation. Receivers deduplicate (task id and state).
+`callback.failed` event in the task's conversation. In a worker process the job hands the POSTs
+to the process's delivery lanes; the ending stays owed until the last attempt is recorded, so a
+worker that stops or dies meanwhile leaves it to the reaper. Receivers de-duplicate by the
+`X-Agenttasks-Delivery` header, the same on every re-send of one ending to one config.
 """
 
 import json
@@ -24,7 +27,7 @@ from google.protobuf import json_format
 from .. import __version__, signals, store
 from ..broker import queue
 from ..conf import app_settings
-from ..delivery import callbacks
+from ..delivery import callbacks, lanes
 from ..delivery import outbox as deliveries
 from ..exceptions import ConversationNotFound
 from ..models import A2APushConfig, Task
@@ -135,8 +138,12 @@ def body(task: Task, status: str) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def headers(row: A2APushConfig) -> dict:
-    out = {"Content-Type": A2A_JSON_MEDIA_TYPE, "User-Agent": f"agenttasks/{__version__}"}
+def headers(row: A2APushConfig, version: int) -> dict:
+    out = {
+        "Content-Type": A2A_JSON_MEDIA_TYPE,
+        "User-Agent": f"agenttasks/{__version__}",
+        deliveries.DELIVERY_HEADER: deliveries.delivery_id(row.task_id, version, row.pk),
+    }
     if row.auth_scheme:
         credentials = f" {row.auth_credentials}" if row.auth_credentials else ""
         out["Authorization"] = f"{row.auth_scheme}{credentials}"
@@ -146,37 +153,59 @@ def headers(row: A2APushConfig) -> dict:
 
 
 def deliver(config_pk: int, status: str, version: int = 0) -> list[dict]:
-    """POST one ending to one config (the queued job), tried again on transient failures."""
-    if version:
-        claimed = A2APushConfig.objects.filter(pk=config_pk, delivered_version__lt=version).update(
-            delivered_version=version
-        )
-        deliveries.settle_push(config_pk, version)
-        if not claimed:
-            return []  # this ending was already delivered to this config (a job delivered twice)
+    """Hand one ending's push to one config to this process's delivery lanes (the queued job);
+    outside a worker process, send it here and return the outcomes."""
+    running = lanes.active()
+    if running is None or not version:
+        return notify(config_pk, status, version)
+    configs = A2APushConfig.objects.filter(pk=config_pk)
+    owner = configs.values_list("task__owner_id", flat=True).first()
+    running.offer(owner, ("push", config_pk, version), notify, config_pk, status, version)
+    return []
+
+
+def lease_seconds() -> float:
+    """How long a push may take: every attempt, the pauses between them, a margin."""
+    pauses = BACKOFF * (2 ** (ATTEMPTS - 1) - 1)
+    return ATTEMPTS * app_settings.CALLBACK_TIMEOUT + pauses + deliveries.LEASE_MARGIN
+
+
+def notify(config_pk: int, status: str, version: int = 0) -> list[dict]:
+    """POST one ending to one config, tried again on transient failures, then settle it."""
+    if version and not deliveries.lease_push(config_pk, version, lease_seconds()):
+        return []  # sent already, or another job is sending it (a job delivered twice)
     row = A2APushConfig.objects.select_related("task").filter(pk=config_pk).first()
     if row is None:
+        return []
+    if row.delivered_version >= version > 0:
+        deliveries.settle_push(config_pk, version)  # sent before a crash settled it
         return []
     task = row.task
     data = body(task, status)
     outcomes = []
     for attempt in range(1, ATTEMPTS + 1):
-        outcome, retry = _attempt(row, task, status, data, attempt)
+        outcome, retry = _attempt(row, task, status, data, attempt, version)
         outcomes.append(outcome)
         if not retry or attempt == ATTEMPTS:
             break
         time.sleep(BACKOFF * 2 ** (attempt - 1))
+    if version:
+        # Only now is it settled: a crash before this line leaves it owed, sent again.
+        A2APushConfig.objects.filter(pk=config_pk, delivered_version__lt=version).update(
+            delivered_version=version
+        )
+        deliveries.settle_push(config_pk, version)
     return outcomes
 
 
-def _attempt(row, task, status, data, attempt) -> tuple[dict, bool]:
+def _attempt(row, task, status, data, attempt, version) -> tuple[dict, bool]:
     outcome = {"taskId": task.id, "status": status, "channel": "a2a", "configId": row.config_id}
     outcome["attempt"] = attempt
     started = time.monotonic()
     retry = False
     try:
         address = callbacks.check_address(row.url)[0]
-        response = callbacks._post(row.url, address, data, headers(row))
+        response = callbacks._post(row.url, address, data, headers(row, version))
     except callbacks.CallbackURLError as exc:
         outcome["error"] = str(exc).replace("callbackUrl", "url")
     except httpx.TimeoutException:

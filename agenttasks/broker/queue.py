@@ -61,13 +61,19 @@ class DjangoQBackend:
         return {"key": broker.list_key, "payload": capture.payload, "lock": timezone.now()}
 
     def queued_runs(self, handed_within: float) -> set[str] | None:
-        """Run ids with a job outstanding in the broker's table (ORM broker here), else None.
+        """Run ids with a job outstanding in the broker's table (ORM broker here), else None."""
+        jobs = self.queued_jobs({EXECUTE_RUN}, handed_within)
+        return None if jobs is None else {args[0] for _, args in jobs if args}
+
+    def queued_jobs(self, funcs: set[str], handed_within: float) -> set[tuple] | None:
+        """The jobs of `funcs` outstanding in the broker's table, as (func, args) pairs (ORM
+        broker here), else None.
 
         A job stays in django-q2's table until a worker acknowledges it. It is outstanding while
         it waits there, or when a cluster took it less than `handed_within` seconds ago (its
-        lock then reads `retry` seconds after that). A job taken longer ago whose run was never
-        claimed was lost with the worker that took it (killed before the claim): django-q2
-        would deliver it again only after `retry`, so it does not count.
+        lock then reads `retry` seconds after that). A job taken longer ago whose work was never
+        done was lost with the worker that took it (killed before it started): django-q2 would
+        deliver it again only after `retry`, so it does not count.
         """
         broker = _database_broker()
         if broker is None:
@@ -86,10 +92,15 @@ class DjangoQBackend:
                 package = SignedPackage.loads(payload)
             except Exception:  # a job another site signed, or not a package at all
                 continue
-            args = package.get("args") or ()
-            if package.get("func") == EXECUTE_RUN and args:
-                held.add(args[0])
+            if package.get("func") in funcs:
+                held.add((package["func"], job_args(package.get("args") or ())))
         return held
+
+
+def job_args(args) -> tuple:
+    """A job's arguments as plain values: a status enqueued as a TaskStatus member reads as its
+    string, so a job compares equal to the one a Delivery row names."""
+    return tuple(str.__str__(a) if isinstance(a, str) else a for a in args)
 
 
 @functools.cache
@@ -175,6 +186,13 @@ def queued_runs(handed_within: float) -> set[str] | None:
     """Run ids whose job is still outstanding in the broker, or None when it cannot tell."""
     probe = getattr(_backend, "queued_runs", None)
     return probe(handed_within) if probe is not None else None
+
+
+def queued_jobs(funcs: set[str], handed_within: float) -> set[tuple] | None:
+    """The (func, args) of the jobs of `funcs` still outstanding in the broker, or None when it
+    cannot tell."""
+    probe = getattr(_backend, "queued_jobs", None)
+    return probe(funcs, handed_within) if probe is not None else None
 
 
 def is_worker_timeout(exc: BaseException) -> bool:

@@ -6,6 +6,11 @@ IPv4 address embedded in an IPv6 one included (unless the host is allowed). The 
 to the address that was checked, so a DNS answer that changes in between cannot reach a refused
 address. No redirects, no retries; the outcome is an event in the task's conversation.
 
+In a worker process the job hands the POST to the process's delivery lanes (`lanes`) and
+returns. The ending stays owed until the receiver answered or the failure is recorded, so a
+worker that stops or dies mid-POST leaves it to the reaper: delivery is at least once, and each
+POST carries the ending's `X-Agenttasks-Delivery` id to de-duplicate by (docs/rest.md#callbacks).
+
 Each POST is signed when CALLBACK_SIGNING_SECRET is set; receivers check the signature and its
 age with `verify` (from `agenttasks.delivery.signatures`, which imports nothing from Django, for receivers
 that are not Django sites).
@@ -32,6 +37,7 @@ from ..models import Task
 from ..operations import metrics
 from ..states import NOTIFIED, TaskStatus
 from ..text import iso
+from . import lanes
 from . import outbox as deliveries
 from .signatures import SIGNATURE_HEADER, signature
 from .signatures import InvalidSignature as InvalidSignature  # the receiver's side, re-exported
@@ -166,29 +172,43 @@ def schedule(task, status: str) -> None:
 
 
 def send(task_id: str, status: str, version: int = 0) -> dict | None:
-    """POST the callback of one ending (the queued job); record and log the outcome."""
-    if version:
-        claimed = Task.objects.filter(pk=task_id, callback_version__lt=version).update(
-            callback_version=version
-        )
-        deliveries.settle_callback(task_id, version)
-        if not claimed:
-            return None  # this ending's callback was already sent (a job delivered twice)
+    """Hand one ending's callback to this process's delivery lanes (the queued job); outside a
+    worker process, send it here and return the outcome."""
+    running = lanes.active()
+    if running is None or not version:
+        return deliver(task_id, status, version)
+    owner = Task.objects.filter(pk=task_id).values_list("owner_id", flat=True).first()
+    running.offer(owner, ("callback", task_id, version), deliver, task_id, status, version)
+    return None
+
+
+def deliver(task_id: str, status: str, version: int = 0) -> dict | None:
+    """POST the callback of one ending; record and log the outcome, then settle it."""
+    lease = app_settings.CALLBACK_TIMEOUT + deliveries.LEASE_MARGIN
+    if version and not deliveries.lease_callback(task_id, version, lease):
+        return None  # sent already, or another job is sending it (a job delivered twice)
     # A delete always wins: a task whose tree is being deleted (or is gone) is owed nothing.
     task = (
         Task.objects.visible()
         .filter(pk=task_id)
-        .only("id", "callback_url", "error", "conversation_id")
+        .only("id", "callback_url", "error", "conversation_id", "callback_version")
         .first()
     )
-    if task is None or not task.callback_url:
+    if task is None or not task.callback_url or task.callback_version >= version > 0:
+        # Nothing to send, or this ending (or a later one) was sent before a crash settled it.
+        if version:
+            deliveries.settle_callback(task_id, version)
         return None
     payload: dict[str, Any] = {"taskId": task.id, "status": status}
     if status == TaskStatus.FAILED:
         payload["error"] = task.error
     payload["timestamp"] = iso(timezone.now())
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": f"agenttasks/{__version__}"}
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": f"agenttasks/{__version__}",
+        deliveries.DELIVERY_HEADER: deliveries.delivery_id(task.id, version),
+    }
     if app_settings.CALLBACK_SIGNING_SECRET:
         headers[SIGNATURE_HEADER] = signature(
             app_settings.CALLBACK_SIGNING_SECRET, int(time.time()), body
@@ -225,6 +245,12 @@ def send(task_id: str, status: str, version: int = 0) -> dict | None:
         store.append_events(task.conversation_id, [(event, outcome, "", task.id)])
     except ConversationNotFound:
         pass
+    if version:
+        # Only now is it settled: a crash before this line leaves it owed, sent again.
+        Task.objects.filter(pk=task.id, callback_version__lt=version).update(
+            callback_version=version
+        )
+        deliveries.settle_callback(task.id, version)
     return outcome
 
 

@@ -32,6 +32,7 @@ from ..broker import deltas, queue
 from ..broker.listen import hub
 from ..compat import django_q
 from ..conf import app_settings
+from ..delivery import lanes
 from ..exceptions import RunNotFound
 from ..flow import budgets
 from ..models import Run, WorkerProcess
@@ -266,10 +267,12 @@ class RunPool:
 
     # stopping -------------------------------------------------------------------------------
     def retire(self, grace: float | None) -> int:
-        """Claim nothing more and wait for the runs in flight, up to `grace` seconds (None: all).
+        """Claim nothing more and wait for the runs in flight, then for the deliveries in
+        flight, up to `grace` seconds in all (None: all).
 
-        Returns how many runs are still in flight; the leases recover those once this process
-        is gone. The runs of jobs that reached this process unclaimed go back to the queue.
+        Returns how many runs and deliveries are still in flight; the leases recover those once
+        this process is gone. The runs of jobs that reached this process unclaimed go back to
+        the queue; the deliveries not started stay owed, and the reaper sends them.
         """
         with self._lock:
             self.retiring = True
@@ -289,6 +292,11 @@ class RunPool:
                 self._lock.wait(left)
             left_over = self.held
         self._unregister()  # a beat may have written the row meanwhile
+        delivering = lanes.active()
+        if delivering is not None:
+            # Closed after the runs: the lanes went on sending while the runs drained.
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left_over += delivering.close(left)
         return left_over
 
     def _unregister(self) -> None:
@@ -324,6 +332,7 @@ def start_pool(**kwargs) -> None:
     if _pool is not None and _pool.pid == os.getpid():
         return
     _pool = pool = RunPool(slots_per_process())
+    lanes.start(int(app_settings.DELIVERY_LANES))
     if connection.vendor == "postgresql":
         deltas.watch_followers()
         # New runs come as notifications (no job each); on every (re)connection the process
@@ -359,8 +368,12 @@ def _leave(pool: RunPool, grace: float) -> None:
 
 
 def _exit_leaving(left_over: int) -> None:
-    """End this process now, its slot threads with it (those runs' leases recover them)."""
+    """End this process now, its slot and lane threads with it (the leases of those runs and
+    deliveries recover them)."""
     if left_over:
-        logger.warning("worker.stopped_with_runs count=%d (their leases recover them)", left_over)
+        logger.warning(
+            "worker.stopped_with_runs count=%d (runs and deliveries: their leases recover them)",
+            left_over,
+        )
     logging.shutdown()
     os._exit(0)

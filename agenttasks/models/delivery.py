@@ -7,8 +7,15 @@ from ..states import TaskStatus
 
 class DeliveryQuerySet(models.QuerySet):
     def overdue(self, cutoff: datetime) -> "DeliveryQuerySet":
-        """Return deliveries that were due at `cutoff` or before and no job has made yet."""
-        return self.filter(due_at__lte=cutoff)
+        """Return deliveries that were due at `cutoff` or before and that no job holds: never
+        claimed, or claimed by a job whose lease ended at `cutoff` or before."""
+        return self.filter(due_at__lte=cutoff).filter(
+            models.Q(leased_until__isnull=True) | models.Q(leased_until__lte=cutoff)
+        )
+
+    def claimable(self, now: datetime) -> "DeliveryQuerySet":
+        """Return deliveries no job holds at `now`."""
+        return self.filter(models.Q(leased_until__isnull=True) | models.Q(leased_until__lte=now))
 
 
 class Delivery(models.Model):
@@ -16,8 +23,9 @@ class Delivery(models.Model):
 
     Written in the ending's own transaction (an outbox row), so nothing owed is forgotten if the
     broker or the database fails between the commit and the enqueue of the job that sends it.
-    The job deletes the row as it claims the delivery; the reaper sends again what stays overdue
-    (docs/rest.md#callbacks).
+    The job that sends it leases the row (`leased_until`), and deletes it once the receiver
+    answered or the failure is recorded; the reaper sends again what stays overdue, a lease that
+    lapsed included (docs/rest.md#callbacks).
     """
 
     task = models.ForeignKey(
@@ -36,6 +44,8 @@ class Delivery(models.Model):
     version = models.PositiveIntegerField("task version")
     attempts = models.PositiveIntegerField("sent again", default=0)
     due_at = models.DateTimeField("due", db_index=True)
+    # A job is sending it until then; a crash leaves the row, sent again once the lease lapsed.
+    leased_until = models.DateTimeField("leased until", null=True, blank=True)
 
     objects = DeliveryQuerySet.as_manager()
 

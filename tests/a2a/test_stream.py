@@ -9,11 +9,12 @@ import pytest
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedOperationError
 from django.db import transaction
+from django.utils import timezone
 from google.protobuf import json_format
 
 from agenttasks import lifecycle, store
 from agenttasks.a2a import push
-from agenttasks.models import A2AContext, A2APushConfig, Event, Slot, Task
+from agenttasks.models import A2AContext, A2APushConfig, Delivery, Event, Slot, Task
 
 from ..a2a_support import (  # noqa: F401  (fixtures)
     ALLOW_LOOPBACK,
@@ -224,6 +225,10 @@ def test_push_delivery_is_retried_with_backoff_then_deduplicated(alice, receiver
         receiver.status = 404  # a refusal that retrying cannot fix: one attempt
         config.delivered_version = 0
         config.save()
+        # Owed again (a delivery is sent only while it is owed).
+        Delivery.objects.create(
+            task=task, config=config, status="completed", version=version, due_at=timezone.now()
+        )
         assert len(push.deliver(config.pk, "completed", version)) == 1
     finally:
         push.time.sleep = original

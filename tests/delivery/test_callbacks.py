@@ -206,8 +206,11 @@ def test_an_a2a_push_is_bounded_the_same_way(user, monkeypatch):
     monkeypatch.setattr(push.time, "sleep", lambda seconds: None)  # no backoff between attempts
     dripper = Dripper()
     try:
-        task = ended(user, "completed", "")
+        task = lifecycle.create(owner=user, agent_id="echo", input="x")
         config = A2APushConfig.objects.create(task=task, url=dripper.url)
+        store.claim(task.run_id, "w")
+        store.finalize(task.id, task.run_id, "completed", result="ok")  # owes the push
+        task = Task.objects.read(task.id)
         begun = time.monotonic()
         outcomes = push.deliver(config.pk, "completed", task.version)
         took = time.monotonic() - begun
