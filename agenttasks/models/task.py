@@ -147,8 +147,8 @@ class Task(models.Model):
     result = models.TextField("result", blank=True)
     error = models.TextField("error", blank=True)
     callback_url = models.CharField("callback URL", max_length=2000, blank=True)
-    # Every store write increments `version`; a callback job claims its ending by moving
-    # `callback_version` up to it, so a job delivered twice sends once.
+    # Every store write increments `version`; a callback job that delivered an ending moves
+    # `callback_version` up to it (its `Delivery` row is the claim: delivery/outbox.py).
     version = models.PositiveIntegerField("version", default=0)
     callback_version = models.PositiveIntegerField("callback version", default=0)
     metadata = models.JSONField("metadata", default=dict, blank=True)
