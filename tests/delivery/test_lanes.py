@@ -1,12 +1,14 @@
 """Delivery lanes (docs/architecture.md#in-flight-runs): a worker process sends callbacks and
 pushes on lanes of their own, off its main thread, and one owner takes at most a share of them."""
 
+import threading
 import time
 
 import pytest
 from django.test.utils import override_settings
 
 from agenttasks import lifecycle
+from agenttasks.delivery.lanes import Lanes
 
 from ..conftest import wait_for
 from ..factories import UserFactory
@@ -38,3 +40,26 @@ def test_one_owners_slow_receivers_do_not_delay_anothers_callbacks(start_cluster
         assert slow.most_in_flight == 2
     finally:
         fast.close()
+
+
+def test_lanes_share_out_between_owners_take_a_key_once_and_close_leaving_the_rest():
+    lanes = Lanes(4)  # one owner: at most one lane at a time
+    release = threading.Event()
+    started: list[str] = []
+
+    def hold(name):
+        started.append(name)
+        release.wait(10)
+
+    for i in range(3):
+        lanes.offer("bob", ("callback", f"b{i}"), hold, f"b{i}")
+    lanes.offer("bob", ("callback", "b0"), hold, "b0 again")  # the same job delivered twice
+    lanes.offer("alice", ("callback", "a0"), hold, "a0")
+    wait_for(lambda: len(started) == 2, message="one of bob's and alice's")
+    assert sorted(started) == ["a0", "b0"]  # bob's second waits for his first; alice's does not
+    assert lanes.close(0.2) == 2  # both still in flight after the grace
+    release.set()
+    wait_for(lambda: lanes.in_flight == 0, message="the two in flight")
+    assert sorted(started) == ["a0", "b0"]  # what had not started was left (it stays owed)
+    lanes.offer("alice", ("callback", "a1"), hold, "a1")  # a closed process starts nothing
+    assert lanes.in_flight == 0 and sorted(started) == ["a0", "b0"]
