@@ -79,6 +79,8 @@ fuzz: install
 		tests/api/test_api_schemathesis.py tests/api/test_api_fuzz.py
 	AGENTTASKS_SOAK=1 $(VENV)/bin/pytest --timeout=3600 -s \
 		tests/execution/test_requeue.py -k stalled_cluster
+	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 AGENTTASKS_SOAK=1 $(VENV)/bin/pytest -p no:xdist \
+		--timeout=3600 -s tests/chaos/test_starvation.py
 
 # Benchmarks against baselines measured in the same run, on PostgreSQL (not part of make test).
 bench: install

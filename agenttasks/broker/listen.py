@@ -9,6 +9,8 @@ Waiters still poll, so nothing depends on delivery.
 """
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -28,6 +30,8 @@ STOP_CHANNEL = "agenttasks_run_stop"
 CHANNELS = {TASK_ENDED_CHANNEL: "task:", EVENTS_CHANNEL: "conv:", STOP_CHANNEL: "stop:"}
 CHANNEL_OF = {prefix: channel for channel, prefix in CHANNELS.items()}
 LISTEN_POLL = 0.2  # seconds between checks for a channel newly asked for
+LISTENER_PREFIX = "agenttasks "  # a listener session's name: this, then its process's name
+HOST = socket.gethostname()
 
 
 def task_key(task_id: str) -> str:
@@ -171,7 +175,9 @@ class Hub:
     def _listen(self) -> None:
         while not self._stop.is_set():
             try:
-                with raw_connection(connections["default"].settings_dict) as conn:
+                # Named for the process: the reaper reads a connected listener as a sign of life.
+                name = listener_name(process_name())
+                with raw_connection(connections["default"].settings_dict, name) as conn:
                     listening = self.listening = set()
                     with self._lock:  # a new session: say every repeated notification again
                         self._repeats = {k: (every, 0.0) for k, (every, _) in self._repeats.items()}
@@ -201,7 +207,17 @@ class Hub:
                 self._stop.wait(1.0)
 
 
-def raw_connection(settings: dict):
+def process_name() -> str:
+    """Name this process: its host and pid (a worker process's identity)."""
+    return f"{HOST}:{os.getpid()}"
+
+
+def listener_name(process: str) -> str:
+    """Name the listener session of a process (PostgreSQL keeps 63 bytes of a session's name)."""
+    return (LISTENER_PREFIX + process)[:63]
+
+
+def raw_connection(settings: dict, application_name: str | None = None):
     """Return a psycopg connection of its own (autocommit) to the database of Django's `settings`."""
     import psycopg  # lazily: an optional dependency, needed on PostgreSQL only
 
@@ -211,6 +227,7 @@ def raw_connection(settings: dict):
         "password": settings.get("PASSWORD") or None,
         "host": settings.get("HOST") or None,
         "port": settings.get("PORT") or None,
+        "application_name": application_name,
     }
     return psycopg.connect(autocommit=True, **{k: v for k, v in params.items() if v})
 

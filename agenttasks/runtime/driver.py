@@ -7,7 +7,6 @@ lock is held while the agent works; an exception becomes a failed run, never a l
 
 import logging
 import os
-import socket
 import threading
 import time
 
@@ -15,7 +14,8 @@ from django.db import connection
 
 from .. import lifecycle, registry, store
 from ..broker import queue
-from ..broker.listen import hub, stop_key, task_key
+from ..broker.listen import HOST as HOST  # the worker's node, as the worker has read it here
+from ..broker.listen import hub, process_name, stop_key, task_key
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
 from ..models import Run
@@ -33,12 +33,9 @@ logger = logging.getLogger("agenttasks.execution.worker")
 RECONNECT_WINDOW = 60.0
 
 
-HOST = socket.gethostname()
-
-
 def worker_identity() -> str:
     """Name the claiming process: host and pid (every run it holds is beaten by its heartbeat)."""
-    return f"{HOST}:{os.getpid()}"
+    return process_name()
 
 
 class Heartbeat:

@@ -8,12 +8,14 @@ takes its candidates from a QuerySet here (`orphans`, `stale_queued`, `lapsed_ac
 
 from datetime import datetime, timedelta
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from ..broker.listen import LISTENER_PREFIX
 from ..conf import app_settings
-from ..models import PendingAction, Run, Task, Wakeup
+from ..models import PendingAction, Run, Task, Wakeup, WorkerProcess
+from ..models.run import RunQuerySet
 from ..states import RUN_ENDED, ActionStatus, RunStatus, StopReason, TaskStatus, WakeupState
 from ..types import Ending, RunOutcome
 from .endings import ORPHAN_TEXT, end, finalize_locked
@@ -21,6 +23,9 @@ from .locking import Log, hold_task, lock_open_action, lock_task, retried, run_f
 from .rows import resolve_action
 
 BATCH = 500
+# The leases a run of a demonstrably alive worker process may stay silent before the reaper
+# fails it anyway: a starved process's heartbeat is late, not gone (docs/operating.md).
+LIVE_GRACE = 3
 
 
 def lease_cutoff() -> datetime:
@@ -28,11 +33,42 @@ def lease_cutoff() -> datetime:
     return timezone.now() - timedelta(seconds=app_settings.LEASE_TIMEOUT)
 
 
+def live_workers(cutoff: datetime) -> list[str]:
+    """Return the worker processes that are demonstrably alive.
+
+    On PostgreSQL: a process whose row was rewritten within LIVE_GRACE leases and whose listener
+    is connected (its session is named for it; a killed process's session ends with it), so a
+    process that CPU starvation keeps from beating is still seen. Elsewhere: a process whose
+    row was rewritten since `cutoff`.
+    """
+    if connection.vendor != "postgresql":
+        return list(WorkerProcess.objects.filter(seen_at__gte=cutoff).values_list("pk", flat=True))
+    since = timezone.now() - timedelta(seconds=LIVE_GRACE * app_settings.LEASE_TIMEOUT)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT w.id FROM {WorkerProcess._meta.db_table} w WHERE w.seen_at >= %s "
+            "AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = current_database() "
+            "AND a.application_name = left(%s || w.id, 63))",
+            [since, LISTENER_PREFIX],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def silent_runs(cutoff: datetime) -> RunQuerySet:
+    """Return the running runs presumed dead: silent since `cutoff` (their lease expired), and
+    held by a process that is not demonstrably alive, or silent for LIVE_GRACE leases."""
+    expired = Run.objects.lease_expired(cutoff)
+    alive = live_workers(cutoff)
+    if not alive:
+        return expired
+    hard = timezone.now() - timedelta(seconds=LIVE_GRACE * app_settings.LEASE_TIMEOUT)
+    heard_lately = Q(heartbeat_at__gte=hard) | Q(heartbeat_at__isnull=True, started_at__gte=hard)
+    return expired.exclude(Q(worker__in=alive) & heard_lately)
+
+
 def orphans(cutoff: datetime) -> models.QuerySet[Task]:
-    """Return the running tasks whose run has been silent since `cutoff` (its lease expired)."""
-    return Task.objects.visible().filter(
-        status=TaskStatus.RUNNING, run__in=Run.objects.lease_expired(cutoff)
-    )
+    """Return the running tasks whose run is presumed dead (`silent_runs`)."""
+    return Task.objects.visible().filter(status=TaskStatus.RUNNING, run__in=silent_runs(cutoff))
 
 
 def fail_orphans() -> list[Task]:
@@ -85,7 +121,7 @@ def fail_dead_conversation_runs() -> list[str]:
     cutoff = lease_cutoff()
     now = timezone.now()
     ended = []
-    for run_id in Run.objects.taskless().lease_expired(cutoff).values_list("pk", flat=True)[:BATCH]:
+    for run_id in silent_runs(cutoff).taskless().values_list("pk", flat=True)[:BATCH]:
         with transaction.atomic():
             run = (
                 Run.objects.select_related("conversation")

@@ -86,3 +86,40 @@ def test_the_dry_run_lists_what_the_pass_then_settles(user):
     assert Task.objects.get(pk=task.id).status == "failed"
     assert Wakeup.objects.get(pk=agentless.pk).state == "pending"
     assert reaper.preview()["orphans"] == []
+
+
+@pytest.mark.postgres
+def test_the_runs_of_a_process_demonstrably_alive_are_spared_until_its_grace_ends(user):
+    """A starved process beats late: its row is recent and its listener connected, so its silent
+    runs are not orphans until LIVE_GRACE leases passed (docs/operating.md#the-reaper-and-a-backlog)."""
+    from django.db import connections
+
+    from agenttasks.broker.listen import listener_name, raw_connection
+    from agenttasks.models import WorkerProcess
+    from agenttasks.store.sweeps import LIVE_GRACE
+
+    process = "starved-host:4242"
+    task = store.create_task(NewTask(owner=user, agent="echo", input="x"))
+    store.claim(task.run_id, process)
+    lease = timedelta(seconds=30)  # LEASE_TIMEOUT's default
+    now = timezone.now()
+    Run.objects.filter(pk=task.run_id).update(heartbeat_at=now - 2 * lease)  # its lease expired
+    WorkerProcess.objects.create(
+        id=process, node="starved-host", slots=4, started_at=now - 4 * lease, seen_at=now - lease
+    )
+    listener = raw_connection(connections["default"].settings_dict, listener_name(process))
+    try:
+        assert store.fail_orphans() == []  # alive: its row is recent and it listens
+        assert Task.objects.get(pk=task.id).status == "running"
+        Run.objects.filter(pk=task.run_id).update(
+            heartbeat_at=now - (LIVE_GRACE * lease + timedelta(seconds=1))
+        )
+        assert [t.id for t in store.fail_orphans()] == [task.id]  # silent for its whole grace
+        second = store.create_task(NewTask(owner=user, agent="echo", input="y"))
+        store.claim(second.run_id, process)
+        Run.objects.filter(pk=second.run_id).update(heartbeat_at=now - 2 * lease)
+        assert store.fail_orphans() == []
+    finally:
+        listener.close()
+    # Its listener gone (a killed process's session ends with it): its silent runs are orphans.
+    wait_for(lambda: [t.id for t in store.fail_orphans()] == [second.id], timeout=10)
