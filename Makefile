@@ -80,7 +80,7 @@ fuzz: install
 	AGENTTASKS_SOAK=1 $(VENV)/bin/pytest --timeout=3600 -s \
 		tests/execution/test_requeue.py -k stalled_cluster
 	DATABASE_URL=$(PG_TEST_URL) AGENTTASKS_CHAOS=1 AGENTTASKS_SOAK=1 $(VENV)/bin/pytest -p no:xdist \
-		--timeout=3600 -s tests/chaos/test_starvation.py
+		--timeout=3600 -s tests/chaos/test_starvation.py tests/chaos/test_fault_runs.py
 
 # Benchmarks against baselines measured in the same run, on PostgreSQL (not part of make test).
 bench: install
