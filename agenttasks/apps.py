@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 from django.conf import settings
+from django.db.backends.signals import connection_created
 from django.db.models.signals import pre_delete
 
 
@@ -28,6 +29,12 @@ class AgentTasksConfig(AppConfig):
         pre_delete.connect(
             _delete_users_work, sender=settings.AUTH_USER_MODEL, dispatch_uid="agenttasks.user"
         )
+
+        # A database restart ends every pooled connection: the first check to find a dead one
+        # drains the pool (docs/operating.md#surviving-a-database-restart).
+        from .store import faults
+
+        connection_created.connect(faults.drain_when_checks_fail, dispatch_uid="agenttasks.pool")
 
         # Each django-q2 worker process holds many runs in flight, one per slot, and runs the
         # reaper at start and then every REAP_INTERVAL.

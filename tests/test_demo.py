@@ -52,6 +52,20 @@ def make_run(tmp_path, port: int, *args: str, marker: str = "") -> subprocess.Po
     )
 
 
+def stuck_processes(marker: str) -> str:
+    """What each demo process still alive is doing: its command line and its threads' states."""
+    out = []
+    for pid in processes_marked(marker):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            threads = sorted(Path(f"/proc/{pid}/task").iterdir())
+            states = [(t.name, (t / "stat").read_text().split(")")[1].split()[0]) for t in threads]
+        except OSError:
+            continue
+        out.append(f"{pid} {command[:120]} threads={len(states)} {states[:12]}")
+    return "\n".join(out)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -161,6 +175,8 @@ def test_make_run_listens_on_loopback_and_ctrl_c_stops_everything(tmp_path):
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:
+            print("\n".join(["the demo did not stop on Ctrl-C; it said:", *lines[-60:]]))
+            print(stuck_processes(marker))
             os.killpg(process.pid, signal.SIGINT)  # the whole group, as a terminal would
             process.wait(60)
     assert process.returncode == 0, lines[-5:]  # a clean stop: no "make: *** … Error 130"

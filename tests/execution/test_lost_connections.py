@@ -151,7 +151,7 @@ def pooled_server(transactional_db):
     port, name = free_port(), f"agenttasks-test-web-{os.getpid()}"
     process = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "project.wsgi:application", f"--bind=127.0.0.1:{port}"]
-        + ["--workers=1", "--worker-class=gthread", "--threads=4"],
+        + ["--workers=1", "--worker-class=gthread", "--threads=8"],
         cwd=ROOT,
         env={
             **os.environ,
@@ -186,14 +186,17 @@ def test_the_pooled_web_server_survives_its_connections_dying_without_a_500(pool
     url, name = pooled_server
     headers = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
     tasks = f"{url}/api/agents/tasks"
-    with ThreadPoolExecutor(4) as pool:  # the pool opens a connection for each thread
+    with ThreadPoolExecutor(8) as pool:  # the pool opens a connection for each thread
         assert set(
-            pool.map(lambda _: httpx.get(tasks, headers=headers).status_code, range(12))
+            pool.map(lambda _: httpx.get(tasks, headers=headers).status_code, range(40))
         ) == {200}
-    assert end_idle_sessions(name) > 0  # as a PostgreSQL restart does
-    statuses = Counter(httpx.get(tasks, headers=headers).status_code for _ in range(40))
-    assert set(statuses) <= {200, 503}, statuses
-    assert statuses[503] <= 2, statuses
+    assert end_idle_sessions(name) > 2  # as a PostgreSQL restart does
+    # Each request is answered at once: a pool that waited 1, 2, 4 s between the dead
+    # connections it finds would time out.
+    statuses = Counter(
+        httpx.get(tasks, headers=headers, timeout=3).status_code for _ in range(40)
+    )
+    assert statuses == Counter({200: 40}), statuses
 
 
 def test_a_check_warns_when_reused_connections_are_not_checked(monkeypatch):
