@@ -193,9 +193,7 @@ def test_the_pooled_web_server_survives_its_connections_dying_without_a_500(pool
     assert end_idle_sessions(name) > 2  # as a PostgreSQL restart does
     # Each request is answered at once: a pool that waited 1, 2, 4 s between the dead
     # connections it finds would time out.
-    statuses = Counter(
-        httpx.get(tasks, headers=headers, timeout=3).status_code for _ in range(40)
-    )
+    statuses = Counter(httpx.get(tasks, headers=headers, timeout=3).status_code for _ in range(40))
     assert statuses == Counter({200: 40}), statuses
 
 
