@@ -32,9 +32,11 @@ class AgentTasksConfig(AppConfig):
 
         # A database restart ends every pooled connection: the first check to find a dead one
         # drains the pool (docs/operating.md#surviving-a-database-restart).
-        from .store import faults
+        from .compat import psycopg_pool
 
-        connection_created.connect(faults.drain_when_checks_fail, dispatch_uid="agenttasks.pool")
+        connection_created.connect(
+            psycopg_pool.drain_when_checks_fail, dispatch_uid="agenttasks.pool"
+        )
 
         # Each django-q2 worker process holds many runs in flight, one per slot, and runs the
         # reaper at start and then every REAP_INTERVAL.

@@ -19,31 +19,6 @@ def lost_connection(exc: BaseException | None) -> bool:
     return False
 
 
-def drain_when_checks_fail(sender, connection, **kwargs) -> None:
-    """Make a connection's pool drain itself when its check finds a dead connection.
-
-    A restart ends all of a process's pooled connections at once. Django's pool (with
-    CONN_HEALTH_CHECKS) checks each before handing it out, but waits 1, 2, 4, 8 s between the
-    dead ones it finds, so a request could hang for seconds after a restart. Draining at the
-    first dead one replaces the idle ones at once and discards the busy ones when they return.
-    Hooked to `connection_created`; psycopg's pool has no public way to set its check.
-    """
-    pool = getattr(connection, "pool", None)
-    check = getattr(pool, "_check", None)
-    if check is None or getattr(check, "drains", False):
-        return
-
-    def check_or_drain(conn) -> None:
-        try:
-            check(conn)
-        except Exception:
-            pool.drain()
-            raise
-
-    check_or_drain.drains = True
-    pool._check = check_or_drain
-
-
 def told(exc: BaseException) -> str:
     """Return what an error may tell a task's readers: a database error's detail stays in the log."""
     if lost_connection(exc):
