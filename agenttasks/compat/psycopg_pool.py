@@ -10,15 +10,17 @@ psycopg's pool has no public way to set its check after Django made it; without 
 the pool keeps its own behaviour.
 """
 
+from typing import Any
+
 
 def drain_when_checks_fail(sender, connection, **kwargs) -> None:
     """Make a new connection's pool drain itself when its check finds a dead connection.
 
     Hooked to Django's `connection_created`, which fires each time the pool hands one out.
     """
-    pool = getattr(connection, "pool", None)
+    pool: Any = getattr(connection, "pool", None)
     check = getattr(pool, "_check", None)
-    if check is None or getattr(pool, "drains_on_failed_check", False):
+    if pool is None or check is None or getattr(pool, "drains_on_failed_check", False):
         return
 
     def check_or_drain(conn) -> None:
