@@ -10,6 +10,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from agenttasks.broker.listen import HOST, listener_name
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -130,3 +132,7 @@ class Cluster:
                     continue
                 pids.append(pid)
         return pids
+
+    def listener_names(self) -> list[str]:
+        """The session names of its workers' listeners (named for their process, not PGAPPNAME)."""
+        return [listener_name(f"{HOST}:{pid}") for pid in self.started_worker_pids()]

@@ -49,7 +49,15 @@ def make_run(tmp_path, port: int, *args: str, marker: str = "") -> subprocess.Po
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # whatever it signals, it cannot reach the test
+        # As a terminal's shell starts it: a suite run as a background job (`.ci/run &`) would
+        # hand on an ignored SIGINT, and Ctrl-C would then reach nothing.
+        preexec_fn=_default_interrupts,
     )
+
+
+def _default_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def stuck_processes(marker: str) -> str:

@@ -148,8 +148,9 @@ def _listening(cluster, channel: str) -> bool:
     """Whether one of the cluster's sessions last said LISTEN `channel`."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
-            [cluster.application_name, f"%LISTEN {channel}%"],
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = ANY(%s) AND query LIKE %s",
+            [cluster.listener_names(), f"%LISTEN {channel}%"],
         )
         return cursor.fetchone()[0] > 0
 
@@ -190,8 +191,8 @@ def test_a_worker_whose_listener_reconnects_claims_what_was_queued_meanwhile(sta
     with connection.cursor() as cursor:  # the listener's session dies (a network blip, say)
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = %s AND query LIKE %s",
-            [cluster.application_name, f"%LISTEN {queue.RUNS_CHANNEL}%"],
+            "WHERE application_name = ANY(%s) AND query LIKE %s",
+            [cluster.listener_names(), f"%LISTEN {queue.RUNS_CHANNEL}%"],
         )
     task = lifecycle.create(owner=user, agent_id="echo", input="while it was deaf")
     assert OrmQ.objects.count() == 0
@@ -242,10 +243,12 @@ def test_sigkill_of_a_worker_with_runs_in_flight_loses_nothing(start_cluster, us
         assert set(survivors.values_list("status", flat=True)) == {"completed"}
         assert all(endings(t.id) == 1 for t in tasks)
         wait_for(lambda: len(receiver.bodies()) >= 50, timeout=20, message="50 callbacks")
-        # Each ending's callback was claimed once (callback_version), so none can follow.
-        assert not Task.objects.filter(pk__in=[t.id for t in tasks]).exclude(
+        # Each ending's callback was claimed once (callback_version), so none can follow. A
+        # receipt comes before its settling write: wait for that.
+        unsettled = Task.objects.filter(pk__in=[t.id for t in tasks]).exclude(
             callback_version=models.F("version")
         )
+        wait_for(lambda: not unsettled.exists(), message="every callback settled")
         sent = Counter(body["taskId"] for body in receiver.bodies())
         assert set(sent) == {t.id for t in tasks} and set(sent.values()) == {1}
         assert len(cluster.started_worker_pids()) == 3  # django-q2 replaced the killed one
