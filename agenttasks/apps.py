@@ -1,7 +1,7 @@
 from django.apps import AppConfig
 from django.conf import settings
 from django.db.backends.signals import connection_created
-from django.db.models.signals import pre_delete
+from django.db.models.signals import post_delete, pre_delete
 
 
 def _delete_users_work(sender, instance, **kwargs):
@@ -20,7 +20,7 @@ class AgentTasksConfig(AppConfig):
         from . import checks  # noqa: F401  (registers the system checks)
         from .broker import queue
         from .compat import django_q
-        from .execution import forking, reaper, worker
+        from .execution import clock, forking, reaper, worker
 
         # django-q2 forks its workers from a process that may hold pooled connections.
         forking.install_fork_guard()
@@ -42,6 +42,15 @@ class AgentTasksConfig(AppConfig):
         # reaper at start and then every REAP_INTERVAL.
         queue.on_worker_start(worker.start_pool)
         queue.on_worker_start(reaper.start_ticker)
+        # Schedules: each worker process runs django-q2's scheduler every SCHEDULER_INTERVAL,
+        # and a fired schedule row is re-armed for its next tick in the scheduler's transaction.
+        queue.on_worker_start(clock.start_clock)
+        from .lifecycle import schedules
+
+        queue.on_schedule_fired(schedules.FIRE, schedules.rearm)
+        post_delete.connect(
+            schedules.forget_row, sender="agenttasks.Schedule", dispatch_uid="agenttasks.schedule"
+        )
         # A SIGTERM to qcluster's process group could hang django-q2's stop: bound it. A worker
         # killed holding its timer's lock could stop the guard for good: it waits no longer.
         django_q.bound_cluster_stop(worker.shutdown_grace)

@@ -55,6 +55,28 @@ class ConversationNotFound(TaskError, LookupError):
         self.conversation_id = conversation_id
 
 
+class ScheduleNotFound(TaskError, LookupError):
+    default_message = "tasks: schedule not found"
+    status_code = 404
+    code = "NOT_FOUND"
+
+    def __init__(self, schedule_id: str = "", *, info: Any = None) -> None:
+        super().__init__(info=info)
+        self.schedule_id = schedule_id
+
+
+class InvalidSchedule(TaskError, ValueError):
+    """A schedule's clock or target that cannot be used; `field` is the one at fault."""
+
+    default_message = "tasks: invalid schedule"
+    status_code = 400
+    code = "VALIDATION_ERROR"
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ActionNotFound(TaskError, LookupError):
     default_message = "tasks: action not found"
     status_code = 404

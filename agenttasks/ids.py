@@ -56,3 +56,8 @@ def new_file_id() -> str:
 def new_wakeup_id() -> str:
     """Return a fresh wake-up id."""
     return new_id("wake_")
+
+
+def new_schedule_id() -> str:
+    """Return a fresh schedule id."""
+    return new_id("sched_")

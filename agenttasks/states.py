@@ -149,3 +149,29 @@ def model_status(status: str) -> str:
 def is_allowed(src: str | None, dst: str) -> bool:
     """Return whether the transition table allows src → dst."""
     return (src, dst) in TRANSITIONS
+
+
+class MultitaskStrategy(models.TextChoices):
+    """What a write does when it would start a run in a busy conversation (docs/lifecycle.md)."""
+
+    REJECT = "reject", "reject"
+    ENQUEUE = "enqueue", "enqueue"
+    INTERRUPT = "interrupt", "interrupt"
+    ROLLBACK = "rollback", "rollback"
+    STEER = "steer", "steer"
+
+
+class MissedTicks(models.TextChoices):
+    """What a schedule does with a tick that came due while no cluster ran it."""
+
+    SKIP = "skip", "skip it"
+    RUN_LATE = "run_late", "run it once, late"
+
+
+class TickOutcome(models.TextChoices):
+    """What one tick of a schedule did."""
+
+    CREATED = "created", "created a task"
+    POSTED = "posted", "posted a message"
+    SKIPPED = "skipped", "skipped (missed)"
+    REFUSED = "refused", "refused"

@@ -163,6 +163,7 @@ class NewTask:
     run_id: str | None = None  # None: a fresh id
     not_before: datetime | None = None  # a delayed start: the first run is not claimed before
     priority: int = 0  # higher first, within each owner's share of the claims
+    schedule_id: str | None = None  # the schedule whose tick creates it
 
 
 @dataclass(frozen=True)

@@ -4,4 +4,4 @@ Every state change an operator makes (cancel, retry, stop a tree, answer an acti
 conversation) calls `agenttasks.lifecycle`; nothing can be added or edited by hand.
 """
 
-from . import conversations, records, tasks  # noqa: F401  (importing registers the admins)
+from . import conversations, records, schedules, tasks  # noqa: F401  (importing registers the admins)

@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import Q
+from django.db.models.signals import pre_save
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_q.brokers import Broker, get_broker
@@ -319,6 +320,71 @@ def install_schedule(name: str, func: str, minutes: int = 1, *, daily: bool = Fa
         logger.exception("queue.schedule_failed name=%s", name)
         return
     logger.debug("queue.schedule_ready name=%s removed=%d", name, max(len(rows) - 1, 0))
+
+
+def arm_schedule(name: str, func: str, args: tuple, at, q_id: int | None = None) -> int:
+    """Arm a django-q2 row that runs `func(*args, due=<its due time>)` once at `at`; return its id.
+
+    The row is of type ONCE with one repeat: when django-q2's scheduler fires it, it disarms it
+    (repeats 0) and saves it, and the receiver of `on_schedule_fired` re-arms it for the tick
+    after in that same transaction. Re-arming an existing row (`q_id`) moves its time.
+    """
+    fields = {"next_run": at, "repeats": 1}
+    if q_id is not None and Schedule.objects.filter(pk=q_id).update(**fields):
+        return q_id
+    row = Schedule.objects.create(
+        name=name,
+        func=func,
+        args=repr(tuple(args)),
+        schedule_type=Schedule.ONCE,
+        intended_date_kwarg="due",
+        **fields,
+    )
+    return row.pk
+
+
+def schedules_due() -> bool:
+    """Say whether a django-q2 schedule row is due (cheaper than running the scheduler)."""
+    return Schedule.objects.filter(next_run__lte=timezone.now()).exclude(repeats=0).exists()
+
+
+def broker() -> Broker:
+    """Return django-q2's broker for this process (one, kept)."""
+    return _broker()
+
+
+@functools.cache
+def _broker() -> Broker:
+    return get_broker()
+
+
+def disarm_schedule(q_id: int | None) -> None:
+    """Stop a row armed by `arm_schedule` from firing (an update: no save signal)."""
+    if q_id is not None:
+        Schedule.objects.filter(pk=q_id).update(repeats=0)
+
+
+def lock_schedule_row(q_id: int | None) -> None:
+    """Lock a django-q2 schedule row as its scheduler does before firing it (lock order: this
+    row, then the agenttasks schedule)."""
+    if q_id is not None:
+        list(Schedule.objects.select_for_update().filter(pk=q_id).values_list("pk", flat=True))
+
+
+def delete_schedule_row(q_id: int | None) -> None:
+    if q_id is not None:
+        Schedule.objects.filter(pk=q_id).delete()
+
+
+def on_schedule_fired(func: str, receiver) -> None:
+    """Call `receiver(row)` when django-q2's scheduler has fired a row of `func` armed by
+    `arm_schedule`, as it saves the row disarmed, inside the scheduler's transaction."""
+
+    def fired(sender, instance, **kwargs):
+        if instance.pk is not None and instance.func == func and instance.repeats == 0:
+            receiver(instance)
+
+    pre_save.connect(fired, sender=Schedule, weak=False, dispatch_uid=f"agenttasks.fired:{func}")
 
 
 def old_failures(before, limit: int) -> list:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_q import cluster as django_q_cluster
+from django_q import scheduler as django_q_scheduler
 from django_q.cluster import Cluster
 from django_q.queues import Queue
 
@@ -49,6 +50,8 @@ def missing() -> list[str]:
     for name in ("stop", "sig_handler"):
         if not callable(getattr(Cluster, name, None)):
             gone.append(f"django_q.cluster.Cluster.{name}")
+    if not callable(getattr(django_q_scheduler, "scheduler", None)):
+        gone.append("django_q.scheduler.scheduler (the schedules' clock)")
     if not hasattr(multiprocessing.Process(), "_args"):
         gone.append("multiprocessing.Process._args (a worker's task queue)")
     probe = Queue()
@@ -58,6 +61,16 @@ def missing() -> list[str]:
         probe.close()
         probe.join_thread()
     return gone
+
+
+def fire_due_schedules(broker: Any) -> None:
+    """Run django-q2's scheduler once: enqueue the job of every schedule row that is due.
+
+    Its cluster runs it every 30 s, a cadence fixed in its guard; agenttasks' schedules tick to
+    the second, so each worker process's clock (execution/clock.py) runs it more often. It locks
+    the due rows and moves them on in one transaction, so two callers never fire one row twice.
+    """
+    django_q_scheduler.scheduler(broker=broker)
 
 
 def guard_task_queue() -> None:

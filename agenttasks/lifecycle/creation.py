@@ -41,6 +41,7 @@ def create(
     before_commit: Callable[[Task], None] | None = None,
     not_before: datetime | None = None,
     priority: int = 0,
+    schedule_id: str | None = None,
 ) -> Task:
     """Create a task from REST or site code: a visible conversation, depth 1, no parent.
 
@@ -75,6 +76,7 @@ def create(
         run_id=run_id,
         not_before=not_before,
         priority=priority,
+        schedule_id=schedule_id,
     )
     # Listening workers are told in the creating transaction; else the first run's job commits
     # with the task when the broker is this database.

@@ -1,4 +1,5 @@
-"""The data model: conversations and their event log, tasks, runs, actions, wake-ups, files."""
+"""The data model: conversations and their event log, tasks, runs, actions, wake-ups, files,
+schedules."""
 
 from .a2a import A2AContext, A2APushConfig
 from .action import PendingAction
@@ -9,6 +10,7 @@ from .idempotency import IdempotencyKey
 from .limits import ProviderBudget, ProviderPermit
 from .ops import Counter, ReaperPass, TaskCount, WorkerProcess
 from .run import Run
+from .schedule import Schedule, ScheduleTick
 from .slot import Slot
 from .task import Comment, Task, TaskResult
 from .wakeup import Wakeup
@@ -29,6 +31,8 @@ __all__ = [
     "ProviderPermit",
     "ReaperPass",
     "Run",
+    "Schedule",
+    "ScheduleTick",
     "Slot",
     "Task",
     "TaskCount",

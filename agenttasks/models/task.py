@@ -110,6 +110,15 @@ class Task(models.Model):
         db_default=0,
         help_text="Higher first: claims take a higher priority first, within each owner's share.",
     )
+    # The schedule whose tick created it (docs/lifecycle.md#schedules).
+    schedule = models.ForeignKey(
+        "agenttasks.Schedule",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tasks",
+        verbose_name="schedule",
+    )
     state = models.JSONField("state", null=True, blank=True)
     inherit = models.JSONField("agent snapshot", default=dict, blank=True)
     depth = models.PositiveIntegerField("depth", default=1)

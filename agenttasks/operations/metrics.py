@@ -23,7 +23,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from ..conf import app_settings
-from ..models import Counter, Run, Task, TaskCount, WorkerProcess
+from ..models import Counter, Run, Schedule, Task, TaskCount, WorkerProcess
 from ..states import RunStatus, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ COUNTERS = {
     "agenttasks_provider_late_turns_total": "Requests that missed their turn and took another.",
     "agenttasks_provider_parks_total": "Runs parked to wait for a turn far off, by endpoint.",
     "agenttasks_task_retries_total": "Automatic retries after a passing failure, by agent.",
+    "agenttasks_schedule_ticks_total": "Schedule ticks recorded, by outcome.",
     "agenttasks_tokens_total": "Tokens runs spent, by agent and kind (input, output, total).",
 }
 
@@ -95,6 +96,13 @@ def increment(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> None:
 def count(name: str, amount: float = 1, **labels: str) -> None:
     """Add `amount` to one durable counter."""
     increment([(name, labels, amount)])
+
+
+def count_tick(outcome: str) -> None:
+    """Count one schedule tick recorded: `created`, `posted`, `skipped` or `refused`
+    (`states.TickOutcome`). Call it once the tick's row is committed, not for a tick found
+    already recorded."""
+    count("agenttasks_schedule_ticks_total", outcome=str(outcome))
 
 
 def spent(run: Run, usage: Mapping | None) -> dict[str, float]:
@@ -204,6 +212,11 @@ class _Collector:
         )
         yield from _queue_shares(now)
         yield from _slots(cutoff)
+        yield GaugeMetricFamily(
+            "agenttasks_schedules_active",
+            "Schedules ticking on their clock (not paused).",
+            value=Schedule.objects.filter(paused_at__isnull=True).count(),
+        )
         yield from _counters(Counter.objects.values_list("name", "labels", "value"))
 
 

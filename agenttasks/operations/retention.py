@@ -7,6 +7,7 @@ A daily django-q2 schedule (`agenttasks retention`, installed by every worker as
   with its events, runs, tasks, results, comments, wake-ups, actions and files (the bytes too);
 - files past their agent's `retentionDays`;
 - expired idempotency keys;
+- the schedules' tick rows older than RETENTION["finished_days"];
 - django-q2's failure rows older than RETENTION["failures_days"];
 - the rows of worker processes that died without removing theirs (SIGKILL, a lost machine).
 
@@ -34,6 +35,7 @@ from ..models import (
     IdempotencyKey,
     PendingAction,
     Run,
+    ScheduleTick,
     Task,
     TaskResult,
     Wakeup,
@@ -98,6 +100,7 @@ def prune(
     _prune_trees(now - timedelta(days=days), report)
     _prune_expired_files(now, report)
     _prune_idempotency_keys(now - timedelta(hours=rules["idempotency_hours"]), report)
+    _prune_ticks(now - timedelta(days=days), report)
     _prune_failures(now - timedelta(days=rules["failures_days"]), report)
     _prune_dead_workers(now - DEAD_WORKER_AGE, report)
     logger.info("retention.pruned dry_run=%s trees=%d rows=%s", dry_run, report.trees, report.rows)
@@ -409,6 +412,13 @@ def _prune_idempotency_keys(cutoff: datetime, report: Report) -> None:
         models.Q(expires_at__lt=timezone.now()) | models.Q(created_at__lt=cutoff)
     )
     _delete_rows(report, IdempotencyKey, queryset, "idempotency keys")
+
+
+def _prune_ticks(cutoff: datetime, report: Report) -> None:
+    """Delete the schedules' tick rows that fired before `cutoff` (a tick long past cannot come
+    due again, so its row guards nothing)."""
+    queryset = ScheduleTick.objects.filter(created_at__lt=cutoff)
+    _delete_rows(report, ScheduleTick, queryset, "schedule ticks")
 
 
 def _prune_failures(cutoff: datetime, report: Report) -> None:

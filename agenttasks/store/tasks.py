@@ -209,6 +209,7 @@ def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
         callback_url=new.callback_url or "",
         metadata=new.metadata or {},
         priority=new.priority,
+        schedule_id=new.schedule_id,
         created_at=now,
         updated_at=now,
     )

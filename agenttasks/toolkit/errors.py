@@ -25,9 +25,11 @@ from ..exceptions import (
     AlreadyFinal,
     ConversationBusy,
     ConversationNotFound,
+    InvalidSchedule,
     NotRetryable,
     RetryConflict,
     RetryLimit,
+    ScheduleNotFound,
     TaskBusy,
     TaskError,
     TaskLimit,
@@ -122,6 +124,10 @@ def _words(exc: TaskError) -> tuple[str, dict | None]:
             return f"Task not found: {task_id}", None
         case ConversationNotFound(conversation_id=conversation_id) if conversation_id:
             return f"Conversation not found: {conversation_id}", None
+        case ScheduleNotFound(schedule_id=schedule_id) if schedule_id:
+            return f"Schedule not found: {schedule_id}", None
+        case InvalidSchedule(field=field):
+            return str(exc), {"fields": {field: [str(exc)]}}
         case ActionNotFound(action_id=action_id) if action_id:
             return f"Action not found: {action_id}", None
         case TaskLimit(limit=limit):

@@ -211,3 +211,10 @@ def test_rest_12_61_delete(as_alice, workers, gates, receiver):
     error(as_alice.get(f"/tasks/{child['id']}"), 404, "NOT_FOUND")
     error(as_alice.get(f"/conversations/{child['conversationId']}"), 404, "NOT_FOUND")
     assert child["id"] not in [t["id"] for t in as_alice.get("/tasks").json()["tasks"]]
+
+
+def test_a_patch_changes_only_the_keys_it_is_given(as_alice):
+    created = as_alice.post("/conversations", {"agentId": "echo", "title": "Chat"})
+    path = f"/conversations/{created.json()['conversation']['id']}"
+    patched = as_alice.patch(path, {"metadata": {"k": 1}}).json()["conversation"]
+    assert (patched["title"], patched["metadata"]) == ("Chat", {"k": 1})

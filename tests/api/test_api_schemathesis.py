@@ -70,7 +70,7 @@ EXAMPLES = {
 
 
 def real_resources(api) -> dict:
-    """alice's task (with a file), its conversation, and a pending approval."""
+    """alice's task (with a file), its conversation, a pending approval and a schedule."""
     task = api.create(
         "docs", "hello", files=[{"name": "a.txt", "content": b64(b"abc"), "mimeType": "text/plain"}]
     )
@@ -79,7 +79,9 @@ def real_resources(api) -> dict:
         api.wait_status(paused["id"], "waiting_for_input", timeout=30)
         and (api.task(paused["id"])["pendingActions"][0])
     )
+    schedule = api.post("/schedules", {"agentId": "echo", "input": "x", "intervalSeconds": 3600})
     return {
+        "scheduleId": schedule.json()["schedule"]["id"],
         "taskId": task["id"],
         "conversationId": task["conversationId"],
         "fileId": task["files"][0]["id"],
@@ -122,7 +124,7 @@ def test_rest_12_08_never_a_500_for_bad_input(live_server, start_cluster, as_ali
         if not result.ok().label.endswith("/events/stream")
     ]
     # Every operation but the stream; schemathesis leaves out the document's own URL.
-    assert len(operations) == 27
+    assert len(operations) == 35
     real = real_resources(as_alice)
     session = requests.Session()
     headers = {"Authorization": f"Token {token}"}

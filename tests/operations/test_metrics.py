@@ -13,8 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agenttasks import lifecycle, store
 from agenttasks.execution import reaper, worker
-from agenttasks.models import Counter, Run, Task, TaskCount
+from agenttasks.lifecycle import schedules
+from agenttasks.models import Counter, Run, Schedule, Task, TaskCount
 from agenttasks.operations import metrics
+from agenttasks.states import TickOutcome
 from agenttasks.types import NewTask
 
 from ..conftest import on_postgres, run_threads
@@ -209,3 +211,24 @@ def test_queue_shares_delays_and_the_wait_before_a_claim(client, user):
     assert value(samples, f"{wait}_count", trigger="initial") == 2
     assert value(samples, f"{wait}_bucket", trigger="initial", le="2.5") == 0
     assert value(samples, f"{wait}_bucket", trigger="initial", le="5.0") == 2
+
+
+@pytest.mark.django_db
+def test_schedule_ticks_by_outcome_and_the_active_schedules(client, user):
+    made = [
+        schedules.create_schedule(owner=user, agent_id="worker", input="x", interval=60, paused=p)
+        for p in (False, False, True)
+    ]
+    due = "2026-01-01T00:00:00+00:00"
+    with override_settings(AGENTTASKS={"METRICS_ENABLED": True}):
+        assert schedules.fire(made[0].id, due).outcome == TickOutcome.CREATED
+        assert schedules.fire(made[0].id, due).outcome == TickOutcome.CREATED  # found, not counted
+        schedules.run_now(made[1].id)
+        Schedule.objects.filter(pk=made[2].id).update(agent="gone")
+        assert schedules.run_now(made[2].id).outcome == TickOutcome.REFUSED
+        samples = scrape(client)
+    ticks = "agenttasks_schedule_ticks_total"
+    assert value(samples, ticks, outcome="created") == 2
+    assert value(samples, ticks, outcome="refused") == 1
+    assert value(samples, ticks, outcome="skipped") is None
+    assert value(samples, "agenttasks_schedules_active") == 2

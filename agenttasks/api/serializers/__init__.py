@@ -35,6 +35,15 @@ from .requests import (
     MessageCreateSerializer,
     TaskCreateSerializer,
 )
+from .schedules import (
+    ScheduleCreateSerializer,
+    ScheduleEnvelopeSerializer,
+    SchedulePageSerializer,
+    ScheduleSerializer,
+    ScheduleUpdateSerializer,
+    TickEnvelopeSerializer,
+    TickSerializer,
+)
 from .shapes import (
     ACTION_STATUSES,
     MESSAGE_TYPES,
@@ -56,6 +65,13 @@ from .shapes import (
 )
 
 __all__ = [
+    "ScheduleCreateSerializer",
+    "ScheduleEnvelopeSerializer",
+    "SchedulePageSerializer",
+    "ScheduleSerializer",
+    "ScheduleUpdateSerializer",
+    "TickEnvelopeSerializer",
+    "TickSerializer",
     "ACTION_STATUSES",
     "MESSAGE_TYPES",
     "RUN_STATUSES",

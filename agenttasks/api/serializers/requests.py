@@ -203,7 +203,9 @@ class Body(serializers.Serializer):
     @classmethod
     def validated(cls, data, **context) -> dict:
         """Check a body (DRF's field machinery is skipped: each field checks itself)."""
-        return cls(context=context).check(data if isinstance(data, dict) else {})
+        # DRF's constructor sets `partial` on the instance (False unless given): pass the class's.
+        body = cls(context=context, partial=cls.partial)
+        return body.check(data if isinstance(data, dict) else {})
 
 
 class TaskCreateSerializer(Body):

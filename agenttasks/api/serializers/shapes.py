@@ -183,6 +183,9 @@ class TaskSerializer(TaskValues):
     notBefore = serializers.DateTimeField(
         required=False, help_text="While its run waits for a delayed start: when it starts."
     )
+    scheduleId = serializers.CharField(
+        source="schedule_id", required=False, help_text="The schedule whose tick created it."
+    )
     createdAt = serializers.DateTimeField(source="created_at")
     updatedAt = serializers.DateTimeField(source="updated_at")
     startedAt = serializers.DateTimeField(source="started_at", required=False)

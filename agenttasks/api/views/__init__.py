@@ -15,6 +15,13 @@ from .base import ApiView, extend_schema
 from .conversations import ConversationListView, ConversationView, MessagesView
 from .events import EventStreamView, EventsView
 from .files import FileContentView, FileView
+from .schedules import (
+    ScheduleListView,
+    SchedulePauseView,
+    ScheduleResumeView,
+    ScheduleRunView,
+    ScheduleView,
+)
 from .tasks import (
     TaskCancelView,
     TaskCommentsView,
@@ -28,6 +35,11 @@ from .tasks import (
 )
 
 __all__ = [
+    "ScheduleListView",
+    "SchedulePauseView",
+    "ScheduleResumeView",
+    "ScheduleRunView",
+    "ScheduleView",
     "ActionView",
     "ActionsView",
     "AgentListView",
