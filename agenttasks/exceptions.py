@@ -44,6 +44,10 @@ class RunNotFound(TaskError, LookupError):
     status_code = 404
     code = "NOT_FOUND"
 
+    def __init__(self, run_id: str = "", *, info: Any = None) -> None:
+        super().__init__(info=info)
+        self.run_id = run_id
+
 
 class ConversationNotFound(TaskError, LookupError):
     default_message = "tasks: conversation not found"
@@ -65,16 +69,22 @@ class ScheduleNotFound(TaskError, LookupError):
         self.schedule_id = schedule_id
 
 
-class InvalidSchedule(TaskError, ValueError):
-    """A schedule's clock or target that cannot be used; `field` is the one at fault."""
+class InvalidField(TaskError, ValueError):
+    """An argument that cannot be used; `field` names it as the API does."""
 
-    default_message = "tasks: invalid schedule"
+    default_message = "tasks: invalid argument"
     status_code = 400
     code = "VALIDATION_ERROR"
 
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class InvalidSchedule(InvalidField):
+    """A schedule's clock or target that cannot be used; `field` is the one at fault."""
+
+    default_message = "tasks: invalid schedule"
 
 
 class ActionNotFound(TaskError, LookupError):
@@ -208,6 +218,16 @@ class ConversationBusy(TaskError):
         self.conversation_id = conversation_id
         self.run_id = run_id
         self.action_ids = list(action_ids)
+
+
+class RunNotWaiting(TaskError):
+    """A cancel of a waiting run reached one that has started (or ended)."""
+
+    code = "run_started"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"tasks: run {run_id} is not waiting its turn")
+        self.run_id = run_id
 
 
 class ActionResolved(TaskError):

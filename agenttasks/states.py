@@ -19,6 +19,9 @@ class RunStatus(models.TextChoices):
     COMPLETED = "completed", "completed"
     FAILED = "failed", "failed"
     CANCELLED = "cancelled", "cancelled"
+    # Enqueued behind the conversation's current run (the `enqueue` strategy): no worker claims
+    # it until the conversation is idle and it is released, oldest first, to `queued`.
+    WAITING = "waiting", "waiting its turn"
 
 
 class RunTrigger(models.TextChoices):
@@ -102,6 +105,7 @@ NOTIFIED = TERMINAL | {S.WAITING_FOR_INPUT}
 
 RUN_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED})
+RUN_UNFINISHED = RUN_ACTIVE | {RunStatus.WAITING}
 
 # Every allowed change of Task.status (None = the task does not exist yet), with what makes it.
 TRANSITIONS: dict[tuple[str | None, str], str] = {

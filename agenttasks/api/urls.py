@@ -29,6 +29,11 @@ ROUTES = [
     ("conversations/<conversationId>/events/stream", views.EventStreamView, "events-stream"),
     ("conversations/<conversationId>/actions", views.ActionsView, "actions"),
     ("conversations/<conversationId>/actions/<actionId>", views.ActionView, "action"),
+    (
+        "conversations/<conversationId>/runs/<runId>/cancel",
+        views.WaitingRunCancelView,
+        "waiting-run-cancel",
+    ),
     ("schedules", views.ScheduleListView, "schedules"),
     ("schedules/<scheduleId>", views.ScheduleView, "schedule"),
     ("schedules/<scheduleId>/pause", views.SchedulePauseView, "schedule-pause"),

@@ -16,6 +16,7 @@ from django.db import transaction
 
 from .. import ids, store
 from ..broker import queue
+from ..exceptions import ConversationNotFound
 from ..models import Conversation, PendingAction, Run, Task, Wakeup
 from ..states import TERMINAL, RunTrigger, TaskStatus, WakeupState, model_status
 from ..text import go_quote, one_line
@@ -78,8 +79,13 @@ def schedule_delivery(conversation_id: str | None) -> None:
 
 
 def deliver_pending(conversation_id: str) -> Run | None:
-    """Wake a conversation with every result it is owed: one event, one run, all in one commit."""
+    """Start what an idle conversation has waiting: its oldest enqueued message, else a wake-up
+    with every result it is owed (one event, one run, all in one commit)."""
     own_task = Task.objects.filter(conversation_id=conversation_id).only("id", "status").first()
+    if own_task is None:
+        released = _release(conversation_id)
+        if released is not None:
+            return released
     try:
         with transaction.atomic():
             if own_task is not None:
@@ -94,6 +100,23 @@ def deliver_pending(conversation_id: str) -> Run | None:
     if run is not None:
         queue.launch_on_commit(run.id)
         logger.info("wakeups.delivered conversation=%s run=%s", conversation_id, run.id)
+    return run
+
+
+def _release(conversation_id: str) -> Run | None:
+    """Start the conversation's oldest waiting run if it is idle (the `enqueue` strategy)."""
+    try:
+        started = store.release_waiting(conversation_id)
+    except ConversationNotFound:
+        return None
+    except Exception:
+        logger.exception("wakeups.release_failed conversation=%s", conversation_id)
+        return None
+    if started is None:
+        return None
+    run = started[0]
+    queue.launch_on_commit(run.id)
+    logger.info("wakeups.released conversation=%s run=%s", conversation_id, run.id)
     return run
 
 

@@ -30,6 +30,7 @@ from .answering import (
 )
 from .base import agent_name, conversation_id_of, info, progress_line
 from .conversations import (
+    cancel_waiting,
     create_conversation,
     host_conversation,
     post_message,
@@ -75,6 +76,7 @@ __all__ = [
     "model_has_result",
     "on_run_finished",
     "post_message",
+    "cancel_waiting",
     "progress_line",
     "record_progress",
     "recover",

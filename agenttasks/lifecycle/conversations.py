@@ -7,13 +7,17 @@ from django.db import transaction
 
 from .. import registry, store
 from ..conf import app_settings
-from ..exceptions import ConversationNotFound, RunNotFound
+from ..exceptions import ConversationNotFound, InvalidField, RunNotFound, RunNotWaiting
 from ..models import Conversation, Event, File, Run, Task
+from ..states import MultitaskStrategy, RunStatus
 from ..store import files
 from ..types import Owner
 from .answering import comment
 from .base import progress_line
 from .effects import launch_durable
+
+# The strategies a message to a conversation without a task can follow today.
+STRATEGIES = (MultitaskStrategy.REJECT, MultitaskStrategy.ENQUEUE)
 
 
 def record_progress(run_id: str, state: Any) -> None:
@@ -72,14 +76,17 @@ def post_message(
     author: Owner = None,
     metadata: dict[str, Any] | None = None,
     uploads: Sequence[files.Upload] = (),
-) -> tuple[Run, Event]:
+    strategy: str = MultitaskStrategy.REJECT,
+) -> tuple[Run, Event | None]:
     """Start a run of a conversation's agent on a user message; return the run and the message.
 
     On a task's own conversation the message is a comment (origin "message") that re-opens the
     task. `uploads` are checked against the agent's file policy, with the files the conversation
     already has (files.FileRefused), and stored as the conversation's files with the message.
-    Refused while the conversation is busy (ConversationBusy; TaskBusy for a delegate task's),
-    and at the active-task limit.
+    `strategy` says what a busy conversation does with it (docs/lifecycle.md#busy-conversations):
+    `reject` refuses it (ConversationBusy; TaskBusy for a delegate task's); `enqueue` gives it a
+    run that waits its turn (status `waiting`, and no message event until that run starts).
+    Refused at the active-task limit too.
     """
     conversation = Conversation.objects.filter(pk=conversation_id).first()
     if conversation is None:
@@ -91,6 +98,7 @@ def post_message(
     task_id = (
         Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True).first()
     )
+    check_strategy(strategy, task_conversation=task_id is not None)
     refs = [u.ref() for u in uploads] or None
     with files.kept_only_on_success() as written, transaction.atomic():
         if task_id is None:
@@ -100,8 +108,10 @@ def post_message(
                 metadata=metadata,
                 files=refs,
                 owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
+                strategy=strategy,
             )
-            launch_durable(run.id)
+            if run.status == RunStatus.QUEUED:
+                launch_durable(run.id)
         else:
             message = comment(
                 task_id, content, author=author, metadata=metadata, origin="message", files=refs
@@ -119,3 +129,26 @@ def post_message(
                 written=written,
             )
     return run, event
+
+
+def check_strategy(strategy: str, *, task_conversation: bool = False) -> None:
+    """Refuse a multitask strategy this write cannot follow (InvalidField)."""
+    allowed = [MultitaskStrategy.REJECT] if task_conversation else list(STRATEGIES)
+    if strategy not in allowed:
+        names = ", ".join(allowed)
+        where = "a task's conversation" if task_conversation else "a conversation"
+        raise InvalidField(
+            f"multitaskStrategy must be one of {names} on {where}", "multitaskStrategy"
+        )
+
+
+def cancel_waiting(run_id: str) -> Run:
+    """Cancel a message's run that waits its turn (`enqueue`); its message is never posted.
+
+    RunNotFound for an unknown run; RunNotWaiting once it has started (cancel its task, or
+    delete the conversation, to stop a run that started).
+    """
+    run = store.cancel_waiting(run_id)
+    if run is None:
+        raise RunNotWaiting(run_id)
+    return run

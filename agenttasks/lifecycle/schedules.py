@@ -23,14 +23,12 @@ from ..exceptions import ConversationNotFound, InvalidSchedule, ScheduleNotFound
 from ..models import Conversation, Schedule, ScheduleTick, Task
 from ..operations import metrics
 from ..states import MissedTicks, MultitaskStrategy, TickOutcome
-from .conversations import post_message
+from .conversations import STRATEGIES, post_message
 from .creation import create
 
 logger = logging.getLogger(__name__)
 
 FIRE = "agenttasks.lifecycle.schedules.fire"
-# The strategies a schedule that posts into a conversation can use today.
-STRATEGIES = (MultitaskStrategy.REJECT,)
 MAX_EVERY = 366 * 86_400  # intervalSeconds: at most a year
 CRON_LENGTH = 100
 EDITABLE = ("input", "label", "metadata", "cron", "interval", "timezone", "strategy", "missed")
@@ -262,6 +260,7 @@ def fire(
                     schedule.input,
                     author=schedule.owner,
                     metadata=schedule.metadata,
+                    strategy=schedule.strategy,
                 )
                 tick.run_id = run.id
                 tick.save(update_fields=["run_id"])

@@ -5,7 +5,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import ids
-from ..states import RUN_ACTIVE, RunStatus, RunTrigger, StopRequest
+from ..states import RUN_ACTIVE, RUN_UNFINISHED, RunStatus, RunTrigger, StopRequest
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -14,6 +14,10 @@ class RunQuerySet(models.QuerySet["Run"]):
     def active(self) -> "RunQuerySet":
         """Return runs that are queued, running or paused."""
         return self.filter(status__in=RUN_ACTIVE)
+
+    def unfinished(self) -> "RunQuerySet":
+        """Return runs that are active or waiting their turn behind them (`enqueue`)."""
+        return self.filter(status__in=RUN_UNFINISHED)
 
     def due(self, now: datetime) -> "RunQuerySet":
         """Return queued runs that may start now (no delayed start, or one that has come)."""
@@ -94,6 +98,12 @@ class Run(models.Model):
         blank=True,
         help_text="A run parked for its provider's limit has waited since then (its patience "
         "counts from then).",
+    )
+    message = models.JSONField(
+        "waiting message",
+        null=True,
+        blank=True,
+        help_text="The message.user event a waiting run posts when it is released to start.",
     )
     started_at = models.DateTimeField("started", null=True, blank=True)
     ended_at = models.DateTimeField("ended", null=True, blank=True)

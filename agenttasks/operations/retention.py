@@ -234,7 +234,7 @@ def _busy(ids: list[str]) -> set[str]:
             Conversation.objects.being_deleted().filter(pk__in=chunk).values_list("pk", flat=True)
         )
         busy.update(
-            Run.objects.active()
+            Run.objects.unfinished()
             .filter(conversation_id__in=chunk)
             .values_list("conversation_id", flat=True)
         )
@@ -267,7 +267,7 @@ def _mark(trees: dict[str, list[str]]) -> dict[str, list[str]]:
     active: set[str] = set()
     for chunk in _chunks(ids):
         active.update(
-            Run.objects.active()
+            Run.objects.unfinished()
             .filter(conversation_id__in=chunk)
             .values_list("conversation_id", flat=True)
         )

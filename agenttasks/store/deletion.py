@@ -55,7 +55,7 @@ def stop_runs(tree: list[str]) -> None:
     """Stop every run in a marked tree: running ones are told to stop now, the rest end."""
     now = timezone.now()
     with transaction.atomic():
-        runs = Run.objects.active().filter(conversation_id__in=tree)
+        runs = Run.objects.unfinished().filter(conversation_id__in=tree)
         runs.filter(status=RunStatus.RUNNING).update(stop_request=StopRequest.NOW)
         runs.exclude(status=RunStatus.RUNNING).update(status=RunStatus.CANCELLED, ended_at=now)
 

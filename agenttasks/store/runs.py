@@ -12,7 +12,7 @@ from .. import ids
 from ..exceptions import ConversationBusy, ConversationNotFound
 from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
 from ..models.action import PendingActionQuerySet
-from ..states import ActionStatus, RunStatus, RunTrigger, TaskKind, TaskStatus
+from ..states import ActionStatus, MultitaskStrategy, RunStatus, RunTrigger, TaskKind, TaskStatus
 from .limits import check_active_limit
 from .locking import (
     Log,
@@ -23,6 +23,7 @@ from .locking import (
     lock_task,
     retried,
     user_message,
+    user_message_data,
 )
 from .rows import requeue_paused, resolve_action
 
@@ -101,12 +102,15 @@ def start_conversation_run(
     metadata: dict[str, Any] | None = None,
     files: list[Any] | None = None,
     owner_limit: int = 0,
-) -> tuple[Run, Event]:
-    """Start a run of a conversation without a task on a user message, unless it is busy.
+    strategy: str = MultitaskStrategy.REJECT,
+) -> tuple[Run, Event | None]:
+    """Start a run of a conversation without a task on a user message; return it and the message.
 
-    Under the conversation's row lock: not deleting, no pending action, no queued, running or
-    paused run; then the queued run and its message.user event, in one transaction. Refused
-    (ActiveTaskLimit) when its owner is at `owner_limit` active tasks.
+    Under the conversation's row lock: not deleting; then, when nothing is pending or unfinished
+    there, the queued run and its message.user event, in one transaction. A busy conversation
+    refuses it (ConversationBusy), unless `strategy` is `enqueue`: the run then waits its turn
+    (`waiting`, with no event yet: its message is posted when `release_waiting` starts it).
+    Refused (ActiveTaskLimit) when its owner is at `owner_limit` active tasks.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -121,8 +125,20 @@ def start_conversation_run(
         if conversation.deleting_at is not None:
             raise ConversationNotFound(conversation_id)
         busy = conversation_busy(conversation_id)
-        if busy is not None:
+        if busy is not None and strategy != MultitaskStrategy.ENQUEUE:
             raise busy
+        if busy is not None:
+            waiting = Run.objects.create(
+                id=run_id or ids.new_run_id(),
+                conversation=conversation,
+                agent=conversation.agent,
+                trigger=RunTrigger.MESSAGE,
+                input=content,
+                status=RunStatus.WAITING,
+                queued_at=now,
+                message=user_message_data(content, "message", files, None, metadata),
+            )
+            return waiting, None
         run = Run.objects.create(
             id=run_id or ids.new_run_id(),
             conversation=conversation,
@@ -137,6 +153,50 @@ def start_conversation_run(
         )
         log.flush()
     return run, event
+
+
+@retried
+def release_waiting(conversation_id: str) -> tuple[Run, Event] | None:
+    """Start the oldest waiting run of an idle conversation: queue it and post its message.
+
+    Under the conversation's row lock, the same test as a message's: nothing pending, nothing
+    queued, running or paused. Returns the run (the caller launches it after commit) and its
+    message, or None when the conversation is busy or nothing waits.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        conversation = lock_conversation(conversation_id)
+        if conversation.deleting_at is not None:
+            return None
+        if conversation_busy(conversation_id, waiting=False) is not None:
+            return None
+        run = (
+            Run.objects.select_for_update(no_key=True)
+            .filter(conversation_id=conversation_id, status=RunStatus.WAITING)
+            .order_by("created_at", "id")
+            .first()
+        )
+        if run is None:
+            return None
+        log = Log()
+        log.hold(conversation)
+        event = log.add(conversation_id, "message.user", run.message or {}, run_id=run.id)
+        run.status, run.queued_at, run.message = RunStatus.QUEUED, now, None
+        run.save(update_fields=["status", "queued_at", "message"])
+        log.flush()
+        return run, event
+
+
+@retried
+def cancel_waiting(run_id: str) -> Run | None:
+    """Cancel a run still waiting its turn; None when it is not waiting (any more)."""
+    with transaction.atomic():
+        run = lock_run(run_id)
+        if run.status != RunStatus.WAITING:
+            return None
+        run.status, run.ended_at, run.message = RunStatus.CANCELLED, timezone.now(), None
+        run.save(update_fields=["status", "ended_at", "message"])
+        return run
 
 
 @retried
@@ -231,18 +291,18 @@ def resume_paused(conversation_id: str) -> Run | None:
         return latest
 
 
-def conversation_busy(conversation_id: str) -> ConversationBusy | None:
+def conversation_busy(conversation_id: str, *, waiting: bool = True) -> ConversationBusy | None:
     """Why a message cannot start a run in this conversation now (None: it can).
 
     Busy while an action is pending (its own, or one its delegate descendants escalated to it)
-    or while a run is queued, running or paused.
+    or while a run is queued, running or paused, or (`waiting`) waits its turn behind them.
     """
     pending = list(pending_actions_below(conversation_id).values_list("id", flat=True))
     if pending:
         return ConversationBusy(conversation_id, action_ids=pending)
+    runs = Run.objects.unfinished() if waiting else Run.objects.active()
     active = (
-        Run.objects.active()
-        .filter(conversation_id=conversation_id)
+        runs.filter(conversation_id=conversation_id)
         .order_by("-created_at", "-id")
         .values_list("id", flat=True)
         .first()

@@ -199,8 +199,16 @@ def owed_wakeups() -> models.QuerySet[Wakeup]:
 
 
 def conversations_owed() -> list[str]:
-    """Return the conversations a pass wakes: those with pending wake-ups and an agent."""
-    return list(owed_wakeups().values_list("conversation_id", flat=True).distinct()[:1000])
+    """Return the conversations a pass wakes: those with pending wake-ups and an agent, and
+    those with a run waiting its turn and none active (its release was lost to a crash)."""
+    owed = set(owed_wakeups().values_list("conversation_id", flat=True).distinct()[:1000])
+    waiting = (
+        Run.objects.filter(status=RunStatus.WAITING)
+        .exclude(conversation_id__in=Run.objects.active().values("conversation_id"))
+        .values_list("conversation_id", flat=True)
+        .distinct()[:1000]
+    )
+    return sorted(owed.union(waiting))
 
 
 def lapsed_actions(now: datetime) -> models.QuerySet[PendingAction]:

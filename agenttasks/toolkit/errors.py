@@ -25,10 +25,12 @@ from ..exceptions import (
     AlreadyFinal,
     ConversationBusy,
     ConversationNotFound,
-    InvalidSchedule,
+    InvalidField,
     NotRetryable,
     RetryConflict,
     RetryLimit,
+    RunNotFound,
+    RunNotWaiting,
     ScheduleNotFound,
     TaskBusy,
     TaskError,
@@ -124,9 +126,11 @@ def _words(exc: TaskError) -> tuple[str, dict | None]:
             return f"Task not found: {task_id}", None
         case ConversationNotFound(conversation_id=conversation_id) if conversation_id:
             return f"Conversation not found: {conversation_id}", None
+        case RunNotFound(run_id=run_id) if run_id:
+            return f"Run not found: {run_id}", None
         case ScheduleNotFound(schedule_id=schedule_id) if schedule_id:
             return f"Schedule not found: {schedule_id}", None
-        case InvalidSchedule(field=field):
+        case InvalidField(field=field):
             return str(exc), {"fields": {field: [str(exc)]}}
         case ActionNotFound(action_id=action_id) if action_id:
             return f"Action not found: {action_id}", None
@@ -177,6 +181,8 @@ def _words(exc: TaskError) -> tuple[str, dict | None]:
             )
         case ConversationBusy(conversation_id=conversation_id, run_id=run_id):
             return f"Conversation {conversation_id} has a run in progress", {"runId": run_id}
+        case RunNotWaiting(run_id=run_id):
+            return f"Run {run_id} is no longer waiting its turn", None
         case ActionResolved(action_id=action_id, status=status, reason=reason):
             return f"Action {action_id} {reason}", {"status": status}
     return str(exc), None

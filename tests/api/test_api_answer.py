@@ -80,7 +80,7 @@ def test_the_document_declares_location_on_every_201_and_the_wait_result(anonymo
         for method, operation in operations.items()
         if "201" in operation.get("responses", {})
     ]
-    assert len(created) == 3, created
+    assert len(created) == 4, created
     for path, method, response in created:
         assert "Location" in response.get("headers", {}), (path, method)
     wait = document["paths"]["/tasks/{taskId}/wait"]["get"]

@@ -218,3 +218,52 @@ def test_a_patch_changes_only_the_keys_it_is_given(as_alice):
     path = f"/conversations/{created.json()['conversation']['id']}"
     patched = as_alice.patch(path, {"metadata": {"k": 1}}).json()["conversation"]
     assert (patched["title"], patched["metadata"]) == ("Chat", {"k": 1})
+
+
+def test_a_busy_conversation_enqueues_a_message_when_asked(
+    as_alice, as_bob, workers, gates, gate_agent
+):
+    gate = gates.new()
+    conversation = as_alice.post(
+        "/conversations", {"agentId": gate_agent, "metadata": gate}
+    ).json()["conversation"]
+    path = f"/conversations/{conversation['id']}/messages"
+    first = as_alice.post(path, {"message": "hi"}).json()["run"]
+    wait_for(lambda: Run.objects.get(pk=first["id"]).status == "running", message="the run started")
+    later = []
+    for text in ("two", "three"):
+        response = as_alice.post(path, {"message": text, "multitaskStrategy": "enqueue"})
+        assert response.status_code == 202, response.content
+        body = response.json()
+        assert set(body) == {"run"} and body["run"]["status"] == "waiting"  # no message yet
+        later.append(body["run"]["id"])
+    refused = error(
+        as_alice.post(path, {"message": "x", "multitaskStrategy": "interrupt"}),
+        400,
+        "VALIDATION_ERROR",
+        "multitaskStrategy must be one of reject, enqueue on a conversation",
+    )
+    assert refused["details"]["fields"] == {
+        "multitaskStrategy": ["multitaskStrategy must be one of reject, enqueue on a conversation"]
+    }
+    cancel = f"/conversations/{conversation['id']}/runs/{later[0]}/cancel"
+    error(as_bob.post(cancel), 403, "FORBIDDEN")
+    cancelled = as_alice.post(cancel)
+    assert cancelled.status_code == 200 and cancelled.json()["run"]["status"] == "cancelled"
+    error(
+        as_alice.post(cancel), 409, "run_started", f"Run {later[0]} is no longer waiting its turn"
+    )
+    error(
+        as_alice.post(f"/conversations/{conversation['id']}/runs/run_nope/cancel"),
+        404,
+        "NOT_FOUND",
+        "Run not found: run_nope",
+    )
+    gates.release(gate)
+    wait_for(
+        lambda: (
+            [m["content"] for m in as_alice.get(path).json()["messages"]]
+            == ["hi", "released", "three", "released"]
+        ),
+        message="the enqueued message answered after the first",
+    )

@@ -31,6 +31,10 @@ SAMPLES = {
     exceptions.SpawnError: lambda: exceptions.SpawnError.no_parent(),
     exceptions.LaunchFailed: lambda: exceptions.LaunchFailed.spawn("broker down"),
     exceptions.StoreError: lambda: exceptions.StoreError.listing_live("gone"),
+    exceptions.ScheduleNotFound: lambda: exceptions.ScheduleNotFound("sched_1"),
+    exceptions.InvalidField: lambda: exceptions.InvalidField("label is too long", "label"),
+    exceptions.InvalidSchedule: lambda: exceptions.InvalidSchedule("Invalid cron", "cron"),
+    exceptions.RunNotWaiting: lambda: exceptions.RunNotWaiting("run_1"),
 }
 
 

@@ -23,6 +23,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from agenttasks.models import Task
+
 from .conftest import ALLOW_LOOPBACK, agenttasks, b64
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,6 +47,7 @@ CODES = {
     "task_limit",
     "retry_conflict",
     "conversation_busy",
+    "run_started",
     "action_resolved",
     "unsupported_media_type",
     "rate_limited",
@@ -82,6 +85,7 @@ def real_resources(api) -> dict:
     schedule = api.post("/schedules", {"agentId": "echo", "input": "x", "intervalSeconds": 3600})
     return {
         "scheduleId": schedule.json()["schedule"]["id"],
+        "runId": Task.objects.get(pk=task["id"]).run_id,
         "taskId": task["id"],
         "conversationId": task["conversationId"],
         "fileId": task["files"][0]["id"],
@@ -124,7 +128,7 @@ def test_rest_12_08_never_a_500_for_bad_input(live_server, start_cluster, as_ali
         if not result.ok().label.endswith("/events/stream")
     ]
     # Every operation but the stream; schemathesis leaves out the document's own URL.
-    assert len(operations) == 35
+    assert len(operations) == 36
     real = real_resources(as_alice)
     session = requests.Session()
     headers = {"Authorization": f"Token {token}"}

@@ -88,7 +88,11 @@ class MessagePageSerializer(PageFields):
 
 
 class MessageAcceptedSerializer(serializers.Serializer):
-    message = MessageSerializer()
+    message = MessageSerializer(required=False, help_text="Absent while its run is waiting.")
+    run = RunSerializer()
+
+
+class RunEnvelopeSerializer(serializers.Serializer):
     run = RunSerializer()
 
 

@@ -265,6 +265,11 @@ class MessageCreateSerializer(Body):
     )
     metadata = Metadata()
     files = Uploads(source="uploads")
+    multitaskStrategy = String(
+        source="strategy",
+        required=False,
+        help_text="When the conversation is busy: reject (409, the default) or enqueue.",
+    )
 
 
 class ActionAnswerSerializer(Body):

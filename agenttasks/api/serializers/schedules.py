@@ -40,7 +40,9 @@ class ScheduleCreateSerializer(Body):
         help_text="Post the input as a message into this conversation instead of creating tasks.",
     )
     multitaskStrategy = String(
-        source="strategy", required=False, help_text="When the conversation is busy: reject."
+        source="strategy",
+        required=False,
+        help_text="When the conversation is busy: reject or enqueue.",
     )
     missedTicks = String(source="missed", required=False, help_text="skip or run_late.")
     paused = Flag(required=False)

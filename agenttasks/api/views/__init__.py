@@ -12,7 +12,12 @@ from ...toolkit.policies import AppPolicies, FirstRenderer
 from .actions import ActionsView, ActionView
 from .agents import AgentListView, AgentView
 from .base import ApiView, extend_schema
-from .conversations import ConversationListView, ConversationView, MessagesView
+from .conversations import (
+    ConversationListView,
+    ConversationView,
+    MessagesView,
+    WaitingRunCancelView,
+)
 from .events import EventStreamView, EventsView
 from .files import FileContentView, FileView
 from .schedules import (
@@ -54,6 +59,7 @@ __all__ = [
     "FileView",
     "FirstRenderer",
     "MessagesView",
+    "WaitingRunCancelView",
     "TaskCancelView",
     "TaskCommentsView",
     "TaskListView",

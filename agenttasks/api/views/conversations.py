@@ -6,7 +6,9 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework.response import Response
 
 from ... import lifecycle
+from ...exceptions import RunNotFound
 from ...models import Conversation, Event, Run
+from ...states import MultitaskStrategy
 from ...toolkit import errors
 from ...toolkit.cursors import Keyset, keyset_page
 from ...toolkit.cursors import page_body as cursor_page_body
@@ -174,8 +176,25 @@ class MessagesView(ApiView):
             author=self.principal(),
             metadata=data["metadata"],
             uploads=data["uploads"],
+            strategy=data["strategy"] or MultitaskStrategy.REJECT,
         )
-        return Response(
-            {"message": s.MessageSerializer.present(event), "run": s.RunSerializer.present(run)},
-            status=202,
-        )
+        body = {"run": s.RunSerializer.present(run)}
+        if event is not None:
+            body["message"] = s.MessageSerializer.present(event)
+        return Response(body, status=202)
+
+
+class WaitingRunCancelView(ApiView):
+    @extend_schema(
+        operation_id="cancelWaitingRun",
+        tags=["Conversations"],
+        summary="Cancel a message's run that waits its turn (multitaskStrategy enqueue)",
+        request=None,
+        responses={200: s.RunEnvelopeSerializer, **refusals(403, 404, 409, 415)},
+    )
+    def post(self, request, conversationId, runId):
+        conversation = self.conversation(conversationId)
+        if not Run.objects.filter(pk=runId, conversation_id=conversation.id).exists():
+            raise errors.refusal(RunNotFound(runId))
+        run = lifecycle.cancel_waiting(runId)
+        return Response({"run": s.RunSerializer.present(run)})
