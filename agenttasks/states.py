@@ -22,6 +22,10 @@ class RunStatus(models.TextChoices):
     # Enqueued behind the conversation's current run (the `enqueue` strategy): no worker claims
     # it until the conversation is idle and it is released, oldest first, to `queued`.
     WAITING = "waiting", "waiting its turn"
+    # Stopped for a newer message (the `interrupt` and `rollback` strategies): an interrupted
+    # run's words stay in the transcript; a rolled-back run's are gone from every read.
+    INTERRUPTED = "interrupted", "interrupted"
+    ROLLED_BACK = "rolled_back", "rolled back"
 
 
 class RunTrigger(models.TextChoices):
@@ -54,6 +58,8 @@ class StopRequest(models.TextChoices):
     NONE = "", "none"
     AFTER_TURN = "after_turn", "after the current turn"
     NOW = "now", "now"
+    INTERRUPT = "interrupt", "now, to end it interrupted"
+    ROLLBACK = "rollback", "now, to roll it back"
 
 
 class StopReason(models.TextChoices):
@@ -103,9 +109,23 @@ LIVE = frozenset({S.PENDING, S.RUNNING, S.WAITING_FOR_INPUT})
 # Entering one of these owes the task's callback and its A2A push notifications.
 NOTIFIED = TERMINAL | {S.WAITING_FOR_INPUT}
 
-RUN_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+RUN_ENDED = frozenset(
+    {
+        RunStatus.COMPLETED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+        RunStatus.INTERRUPTED,
+        RunStatus.ROLLED_BACK,
+    }
+)
 RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED})
 RUN_UNFINISHED = RUN_ACTIVE | {RunStatus.WAITING}
+# The stop requests that stop a run at once, and the status each ends it with.
+STOPPED_AS: dict[str, str] = {
+    StopRequest.NOW: RunStatus.CANCELLED,
+    StopRequest.INTERRUPT: RunStatus.INTERRUPTED,
+    StopRequest.ROLLBACK: RunStatus.ROLLED_BACK,
+}
 
 # Every allowed change of Task.status (None = the task does not exist yet), with what makes it.
 TRANSITIONS: dict[tuple[str | None, str], str] = {

@@ -329,3 +329,28 @@ def test_nothing_overflows_at_390_px_wide(live_server, browser, ops, start_clust
     assert scroll_width(page) <= 390
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=ARTIFACTS / "playground-390px.png", full_page=True)
+
+
+def test_a_message_to_a_busy_conversation_follows_the_strategy_picked(playground, start_cluster):
+    from playwright.sync_api import expect
+
+    start_cluster()
+    page = playground
+    start(page, "conversation", "asker", "Export the report")
+    expect(page.locator("#actions legend")).to_have_text("Which format?")
+    expect(page.locator("#strategy")).to_be_visible()
+    # The default refuses: the agent is waiting on its question.
+    page.fill("#message", "hello?")
+    page.click("#message-button")
+    expect(page.locator("#task-error")).to_contain_text("is waiting on an approval or a question")
+    # Interrupt: the question is cancelled, and the new message starts a run that asks again.
+    page.select_option("#strategy", "interrupt")
+    page.fill("#message", "Export it again")
+    page.click("#message-button")
+    log = page.locator("#log")
+    expect(log).to_contain_text("question cancelled (interrupted)")
+    expect(log).to_contain_text("Export it again")
+    expect(page.locator("#actions legend")).to_have_text("Which format?")
+    conversation = Conversation.objects.get(agent="asker")
+    statuses = list(conversation.runs.order_by("created_at").values_list("status", flat=True))
+    assert statuses == ["interrupted", "paused"]

@@ -15,9 +15,15 @@ from ..types import Owner
 from .answering import comment
 from .base import progress_line
 from .effects import launch_durable
+from .recovery import forget_rolled_back
 
 # The strategies a message to a conversation without a task can follow today.
-STRATEGIES = (MultitaskStrategy.REJECT, MultitaskStrategy.ENQUEUE)
+STRATEGIES = (
+    MultitaskStrategy.REJECT,
+    MultitaskStrategy.ENQUEUE,
+    MultitaskStrategy.INTERRUPT,
+    MultitaskStrategy.ROLLBACK,
+)
 
 
 def record_progress(run_id: str, state: Any) -> None:
@@ -112,6 +118,8 @@ def post_message(
             )
             if run.status == RunStatus.QUEUED:
                 launch_durable(run.id)
+            if strategy == MultitaskStrategy.ROLLBACK:
+                transaction.on_commit(lambda: forget_rolled_back(conversation_id))
         else:
             message = comment(
                 task_id, content, author=author, metadata=metadata, origin="message", files=refs

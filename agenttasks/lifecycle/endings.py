@@ -43,7 +43,11 @@ def on_run_finished(
             raise
         if meta is None:
             if outcome.run_id:
-                store.record_run_end(outcome.run_id, outcome)
+                ended = store.record_run_end(outcome.run_id, outcome)
+                if ended is not None and ended.status == RunStatus.ROLLED_BACK:
+                    from .recovery import forget_rolled_back  # recovery imports this module
+
+                    forget_rolled_back(conversation_id)
                 if outcome.status == OutcomeStatus.INPUT_REQUIRED:
                     resume_if_settled(conversation_id)  # its escalated children may have settled
             wakeups.schedule_delivery(conversation_id)

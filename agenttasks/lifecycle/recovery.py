@@ -12,6 +12,7 @@ from ..delivery import outbox as deliveries
 from ..delivery import wakeups
 from ..exceptions import StoreError, TaskError
 from ..models import Conversation, Task
+from ..states import RunStatus
 from ..store.files import remove_now, remove_stored
 from .answering import expire_actions
 from .effects import announce
@@ -73,6 +74,21 @@ def delete_conversation(conversation_id: str) -> None:
     else:
         remove_now(stored)
     store.delete_tree(conversation_id)
+
+
+def forget_rolled_back(conversation_id: str) -> None:
+    """Delete the trees of the tasks that rolled-back runs of a conversation spawned (each stops
+    first, as a tree stop does): a rollback leaves nothing of its run in the conversation."""
+    children = Task.objects.filter(
+        parent_run__conversation_id=conversation_id,
+        parent_run__status=RunStatus.ROLLED_BACK,
+        conversation__deleting_at__isnull=True,
+    ).values_list("conversation_id", flat=True)
+    for child in list(children):
+        try:
+            delete_conversation(child)
+        except Exception:
+            logger.exception("recover.forget_failed conversation=%s", child)
 
 
 def delete_owned_by(user: Any) -> None:

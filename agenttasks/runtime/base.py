@@ -14,7 +14,7 @@ from .. import lifecycle
 from ..conf import _positive_number, app_settings
 from ..exceptions import TaskError
 from ..models import Comment, Event, File, PendingAction, Run
-from ..states import TaskKind
+from ..states import STOPPED_AS, TaskKind
 from ..store.files import storage
 from ..types import ActionRequest
 from .budget import Budget, BudgetExceeded, Window
@@ -58,7 +58,8 @@ class PauseRun(Exception):
 
 
 class StopFlag:
-    """The run's stop request as its heartbeat last read it: '', 'after_turn' or 'now'."""
+    """The run's stop request as its heartbeat last read it: '', 'after_turn', or one that stops
+    it now: 'now', 'interrupt' or 'rollback' (states.STOPPED_AS)."""
 
     def __init__(self):
         self._value = ""
@@ -73,7 +74,7 @@ class StopFlag:
 
     def set(self, value: str) -> None:
         with self._lock:
-            if not value or value == self._value or self._value == "now":
+            if not value or value == self._value or self.now:
                 return
             self._value = value
             self.changed.set()
@@ -91,7 +92,7 @@ class StopFlag:
 
     @property
     def now(self) -> bool:
-        return self._value == "now"
+        return self._value in STOPPED_AS
 
     @property
     def after_turn(self) -> bool:

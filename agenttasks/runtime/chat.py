@@ -14,7 +14,7 @@ from .. import store
 from ..broker import deltas
 from ..models import Event, PendingAction, Run
 from ..registry import ASK_USER_PATH
-from ..states import ActionStatus, OutcomeStatus, TaskKind
+from ..states import ActionStatus, OutcomeStatus, StopRequest, TaskKind
 from ..tools import InvalidArguments, ToolResult, ToolSpec, check_arguments, decode_arguments
 from ..types import ActionRequest, RunOutcome
 from . import approvals, delegation
@@ -148,11 +148,13 @@ class ChatRun:
         self.run = ctx.run
         self.agent = ctx.agent
         self.budget = ctx.budget
+        self.pieces: list[str] = []  # the reply being streamed in this turn
 
     def execute(self) -> RunOutcome:
         try:
             return self._loop()
         except RunStopped:
+            self._keep_interrupted_reply()
             return self._outcome(OutcomeStatus.CANCELLED)
         except BudgetExceeded as exc:
             return self._outcome(OutcomeStatus.FAILED, error=str(exc))
@@ -207,6 +209,7 @@ class ChatRun:
             if messages is None:
                 messages, _ = transcript(self.ctx.conversation_id, self.agent.system_prompt)
             self.budget.spend(turns=1)
+            self.pieces = []
             response = self.client.complete(
                 messages,
                 [spec.schema() for spec in self.tools.values()],
@@ -243,6 +246,13 @@ class ChatRun:
         if self.ctx.stop_now():
             raise RunStopped()
 
+    def _keep_interrupted_reply(self) -> None:
+        """Keep what was streamed of a reply a newer message interrupted, marked interrupted
+        (the next run reads it in the transcript: docs/lifecycle.md#busy-conversations)."""
+        if self.pieces and self.ctx.stop.value == StopRequest.INTERRUPT:
+            data = {"content": "".join(self.pieces), "interrupted": True}
+            self._append([("message.assistant", data, "")])
+
     # the log ------------------------------------------------------------------------------
     def _append(self, events: list[tuple[str, dict, str]]) -> None:
         task_id = self.ctx.task_id or ""
@@ -253,6 +263,7 @@ class ChatRun:
 
     def _publish_delta(self, piece: str) -> None:
         """Hand a piece of the reply being written to the conversation's live readers."""
+        self.pieces.append(piece)
         deltas.publish(self.ctx.conversation_id, self.run.id, piece)
 
     def _append_assistant(self, response: Response) -> None:

@@ -17,6 +17,7 @@ from ..models import Run, Task
 from ..states import (
     LIVE,
     RUN_ENDED,
+    STOPPED_AS,
     OutcomeStatus,
     RunStatus,
     StopRequest,
@@ -26,6 +27,7 @@ from ..types import Ended, Ending, RunOutcome, usage_counts
 from . import postgres
 from .debts import owes_wakeup, write_debt
 from .locking import Log, hold_task, lock_run, lock_task, retried, run_finished, task_status
+from .rollbacks import roll_back
 from .rows import (
     cancel_open_actions,
     create_actions,
@@ -131,12 +133,17 @@ def _orphaned(task: Task, run: Run, cutoff: datetime) -> bool:
 
 def record_end(log: Log, run: Run, outcome: RunOutcome, now: datetime) -> None:
     """Write a locked run's ending: its status, output and usage, and its events."""
-    if run.status == RunStatus.PAUSED and outcome.status != OutcomeStatus.INPUT_REQUIRED:
-        cancel_open_actions(log, run, now)  # a paused run that ends leaves nothing open
     counts = usage_counts(outcome.usage)
     if counts is not None:
         run.usage_known = True
         run.prompt_tokens, run.completion_tokens, run.total_tokens = counts
+    if run.stop_request == StopRequest.ROLLBACK:
+        roll_back(run, now)  # what it reports is forgotten with the rest
+        run.output = ""
+        run.save()
+        return
+    if run.status == RunStatus.PAUSED and outcome.status != OutcomeStatus.INPUT_REQUIRED:
+        cancel_open_actions(log, run, now)  # a paused run that ends leaves nothing open
     if outcome.text and outcome.append_message:
         data: dict[str, Any] = {"content": outcome.text}
         if counts is not None:
@@ -149,9 +156,10 @@ def record_end(log: Log, run: Run, outcome: RunOutcome, now: datetime) -> None:
         # A conversation run pauses the way `pause` pauses a task's run.
         run.status, run.ended_at = RunStatus.PAUSED, None
         create_actions(log, run, outcome.actions, now)
-    elif run.stop_request == StopRequest.NOW:
-        # Told to stop now: whatever it reports afterwards is a late ending, discarded.
-        run.status, run.error = RunStatus.CANCELLED, ""
+    elif run.stop_request in STOPPED_AS:
+        # Told to stop now: whatever it reports afterwards is a late ending, discarded. A stop
+        # for a newer message ends it `interrupted` (the `interrupt` strategy).
+        run.status, run.error = STOPPED_AS[run.stop_request], ""
         run_finished(log, run)
     else:
         run.status = outcome.status if outcome.status in RUN_ENDED else RunStatus.COMPLETED

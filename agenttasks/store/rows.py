@@ -202,15 +202,18 @@ def resolve_action(
     )
 
 
-def cancel_open_actions(log: Log, run: Run, now: datetime) -> None:
-    """Close every open action of a run that ends (nothing is left to answer)."""
+def cancel_open_actions(log: Log, run: Run, now: datetime, reason: str = "") -> None:
+    """Close every open action of a run that ends (nothing is left to answer), saying `reason`."""
     actions = list(PendingAction.objects.open().filter(run_id=run.id))
     for action in actions:
         action.status, action.decided_at = ActionStatus.CANCELLED, now
+        data = {"actionId": action.id, "kind": action.kind, "status": ActionStatus.CANCELLED}
+        if reason:
+            data["reason"] = reason
         log.add(
             action.conversation_id,
             "action.resolved",
-            {"actionId": action.id, "kind": action.kind, "status": ActionStatus.CANCELLED},
+            data,
             run_id=run.id,
             task_id=action.task_id or "",
         )

@@ -12,7 +12,15 @@ from .. import ids
 from ..exceptions import ConversationBusy, ConversationNotFound
 from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
 from ..models.action import PendingActionQuerySet
-from ..states import ActionStatus, MultitaskStrategy, RunStatus, RunTrigger, TaskKind, TaskStatus
+from ..states import (
+    ActionStatus,
+    MultitaskStrategy,
+    RunStatus,
+    RunTrigger,
+    StopRequest,
+    TaskKind,
+    TaskStatus,
+)
 from .limits import check_active_limit
 from .locking import (
     Log,
@@ -22,10 +30,12 @@ from .locking import (
     lock_run,
     lock_task,
     retried,
+    run_finished,
     user_message,
     user_message_data,
 )
-from .rows import requeue_paused, resolve_action
+from .rollbacks import roll_back
+from .rows import cancel_open_actions, requeue_paused, resolve_action
 
 _UNSET = object()
 
@@ -108,9 +118,11 @@ def start_conversation_run(
 
     Under the conversation's row lock: not deleting; then, when nothing is pending or unfinished
     there, the queued run and its message.user event, in one transaction. A busy conversation
-    refuses it (ConversationBusy), unless `strategy` is `enqueue`: the run then waits its turn
-    (`waiting`, with no event yet: its message is posted when `release_waiting` starts it).
-    Refused (ActiveTaskLimit) when its owner is at `owner_limit` active tasks.
+    refuses it (ConversationBusy) under `reject`. Otherwise the run waits its turn (`waiting`,
+    with no event yet: its message is posted when `release_waiting` starts it): behind the others
+    under `enqueue`; under `interrupt` and `rollback` every unfinished run there is stopped first
+    (`stop_for_newer`), and when none was running the run starts at once. Refused
+    (ActiveTaskLimit) when its owner is at `owner_limit` active tasks.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -125,7 +137,10 @@ def start_conversation_run(
         if conversation.deleting_at is not None:
             raise ConversationNotFound(conversation_id)
         busy = conversation_busy(conversation_id)
-        if busy is not None and strategy != MultitaskStrategy.ENQUEUE:
+        if busy is not None and strategy in STOPPING:
+            stop_for_newer(log, conversation_id, STOPPING[strategy], now)
+            busy = conversation_busy(conversation_id)
+        if busy is not None and strategy == MultitaskStrategy.REJECT:
             raise busy
         if busy is not None:
             waiting = Run.objects.create(
@@ -153,6 +168,41 @@ def start_conversation_run(
         )
         log.flush()
     return run, event
+
+
+# The strategies that stop what runs for a newer message, and the stop request each makes.
+STOPPING: dict[str, str] = {
+    MultitaskStrategy.INTERRUPT: StopRequest.INTERRUPT,
+    MultitaskStrategy.ROLLBACK: StopRequest.ROLLBACK,
+}
+
+
+def stop_for_newer(log: Log, conversation_id: str, request: str, now: Any) -> None:
+    """Stop every unfinished run of a locked conversation for a newer message.
+
+    Waiting runs are cancelled (their messages never posted). A running one is told to stop now
+    (`request`: its worker ends it interrupted or rolled back); a queued or paused one ends here,
+    its open actions cancelled with the reason `interrupted`.
+    """
+    runs = (
+        Run.objects.select_for_update(no_key=True)
+        .unfinished()
+        .filter(conversation_id=conversation_id)
+        .order_by("created_at", "id")
+    )
+    for run in runs:
+        if run.status == RunStatus.WAITING:
+            run.status, run.ended_at, run.message = RunStatus.CANCELLED, now, None
+        elif run.status == RunStatus.RUNNING:
+            run.stop_request = request
+        elif request == StopRequest.ROLLBACK:
+            run.stop_request = request
+            roll_back(run, now)
+        else:
+            cancel_open_actions(log, run, now, reason="interrupted")
+            run.status, run.ended_at, run.stop_request = RunStatus.INTERRUPTED, now, request
+            run_finished(log, run)
+        run.save()
 
 
 @retried

@@ -874,3 +874,21 @@ def test_event_text_is_escaped(admin_client, admin_user):
     html = admin_client.get(url("task_change", task.pk)).content.decode()
     assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
     assert "<script>alert(" not in html
+
+
+def test_runs_waiting_interrupted_and_rolled_back_are_listed_by_status(admin_client, admin_user):
+    chat = ConversationFactory(owner=admin_user, agent="echo")
+    runs = {
+        status: RunFactory(conversation=chat, status=status, trigger="message")
+        for status in ("queued", "waiting", "interrupted", "rolled_back")
+    }
+    for status, run in runs.items():
+        response = admin_client.get(url("run_changelist") + f"?status__exact={status}")
+        assert [r.pk for r in response.context["cl"].result_list] == [run.pk]
+    html = admin_client.get(url("run_changelist")).content.decode()
+    for css, label in [
+        ("waiting", "waiting its turn"),
+        ("interrupted", "interrupted"),
+        ("rolled_back", "rolled back"),
+    ]:
+        assert f'<span class="at-badge at-status-{css}">{label}</span>' in html

@@ -238,13 +238,15 @@ def test_a_busy_conversation_enqueues_a_message_when_asked(
         assert set(body) == {"run"} and body["run"]["status"] == "waiting"  # no message yet
         later.append(body["run"]["id"])
     refused = error(
-        as_alice.post(path, {"message": "x", "multitaskStrategy": "interrupt"}),
+        as_alice.post(path, {"message": "x", "multitaskStrategy": "steer"}),
         400,
         "VALIDATION_ERROR",
-        "multitaskStrategy must be one of reject, enqueue on a conversation",
+        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback on a conversation",
     )
     assert refused["details"]["fields"] == {
-        "multitaskStrategy": ["multitaskStrategy must be one of reject, enqueue on a conversation"]
+        "multitaskStrategy": [
+            "multitaskStrategy must be one of reject, enqueue, interrupt, rollback on a conversation"
+        ]
     }
     cancel = f"/conversations/{conversation['id']}/runs/{later[0]}/cancel"
     error(as_bob.post(cancel), 403, "FORBIDDEN")

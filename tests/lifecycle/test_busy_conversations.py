@@ -5,15 +5,19 @@ starts, in the order written, when the conversation is idle; its message enters 
 then. Runs execute in this thread (the recording queue); the races are real threads.
 """
 
-import pytest
+import time
 
-from agenttasks import lifecycle, store
+import pytest
+from django.test import override_settings
+
+from agenttasks import lifecycle, registry, store
 from agenttasks.exceptions import ConversationBusy, InvalidField, RunNotWaiting
-from agenttasks.models import Event, Run
+from agenttasks.execution import worker
+from agenttasks.models import Event, File, PendingAction, Run, Task
 from agenttasks.states import RunStatus
 
-from ..conftest import run_threads
-from ..fake_model import run_to_idle
+from ..conftest import run_threads, wait_for
+from ..fake_model import in_thread, run_to_idle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,7 +101,7 @@ def test_a_strategy_the_write_cannot_follow_is_refused_and_writes_nothing(
     with pytest.raises(InvalidField) as refused:
         lifecycle.post_message(chat.id, "two", strategy="sideways")
     assert (str(refused.value), refused.value.field) == (
-        "multitaskStrategy must be one of reject, enqueue on a conversation",
+        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback on a conversation",
         "multitaskStrategy",
     )
     task = lifecycle.create(owner=user, agent_id="echo", input="go")
@@ -145,3 +149,140 @@ def test_racing_messages_of_mixed_strategies_start_one_run(chat, recording_queue
     run_to_idle(recording_queue)
     users = [text for role, text in transcript(chat.id) if role == "user"]
     assert len(users) == 1 + len(waiting)  # every accepted message ran, once
+
+
+# --- interrupt and rollback ----------------------------------------------------------------------
+
+
+def blocker(ctx):
+    """Run until told to stop (a run that is executing when a newer message comes)."""
+    while True:
+        ctx.check_cancelled()
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def blocking_chat(user):
+    registry.register("blocker", runtime="callable", handler=blocker, replace=True)
+    yield lifecycle.create_conversation(owner=user, agent_id="blocker")
+    registry.unregister("blocker")
+
+
+def read_back(chat_id: str) -> dict:
+    """What the conversation's reads show: messages, events, actions, files, children."""
+    return {
+        "events": list(Event.objects.filter(conversation_id=chat_id).values_list("type", "run_id")),
+        "actions": PendingAction.objects.filter(conversation_id=chat_id).count(),
+        "files": File.objects.filter(conversation_id=chat_id).count(),
+        "children": Task.objects.filter(parent_conversation_id=chat_id).count(),
+    }
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+def test_a_queued_run_is_stopped_at_once_and_the_new_message_starts(
+    chat, recording_queue, strategy
+):
+    first, _ = lifecycle.post_message(chat.id, "one")
+    second, event = lifecycle.post_message(chat.id, "two", strategy=strategy)
+    assert (second.status, event.data["content"]) == (RunStatus.QUEUED, "two")
+    ended = Run.objects.get(pk=first.id)
+    expected = RunStatus.INTERRUPTED if strategy == "interrupt" else RunStatus.ROLLED_BACK
+    assert ended.status == expected and ended.ended_at is not None
+    run_to_idle(recording_queue)  # the first run's job finds it ended and does nothing
+    if strategy == "interrupt":
+        assert transcript(chat.id) == [("user", "one"), ("user", "two"), ("assistant", "Echo: two")]
+    else:
+        assert transcript(chat.id) == [("user", "two"), ("assistant", "Echo: two")]
+        assert not Event.objects.filter(conversation_id=chat.id, run_id=first.id).exists()
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+def test_a_pending_approval_is_cancelled_with_a_reason_or_forgotten(
+    user, recording_queue, strategy
+):
+    chat = lifecycle.create_conversation(owner=user, agent_id="approver")
+    first, _ = lifecycle.post_message(chat.id, "prod")
+    run_to_idle(recording_queue)
+    action = PendingAction.objects.get(run_id=first.id)
+    second, _ = lifecycle.post_message(chat.id, "staging", strategy=strategy)
+    assert second.status == RunStatus.QUEUED
+    if strategy == "interrupt":
+        assert Run.objects.get(pk=first.id).status == RunStatus.INTERRUPTED
+        action.refresh_from_db()
+        assert action.status == "cancelled"
+        resolved = Event.objects.get(conversation_id=chat.id, type="action.resolved")
+        assert resolved.data == {
+            "actionId": action.id,
+            "kind": "approval",
+            "status": "cancelled",
+            "reason": "interrupted",
+        }
+        assert ("user", "prod") in transcript(chat.id)
+    else:
+        assert Run.objects.get(pk=first.id).status == RunStatus.ROLLED_BACK
+        assert not PendingAction.objects.filter(pk=action.id).exists()
+        assert read_back(chat.id) == {
+            "events": [("message.user", second.id)],
+            "actions": 0,
+            "files": 0,
+            "children": 0,
+        }
+    with pytest.raises(ConversationBusy):  # the new run holds the conversation now
+        lifecycle.post_message(chat.id, "more")
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+def test_a_running_run_is_told_to_stop_and_the_new_one_waits_for_its_end(
+    blocking_chat, recording_queue, strategy
+):
+    chat = blocking_chat
+    first, _ = lifecycle.post_message(chat.id, "one")
+    with override_settings(AGENTTASKS={"HEARTBEAT_INTERVAL": 0.2}):
+        thread = in_thread(worker.execute_run, first.id)
+        wait_for(lambda: Run.objects.get(pk=first.id).status == RunStatus.RUNNING)
+        second, event = lifecycle.post_message(chat.id, "two", strategy=strategy)
+        assert (second.status, event) == (RunStatus.WAITING, None)
+        thread.join(10)
+    assert not thread.is_alive()
+    expected = RunStatus.INTERRUPTED if strategy == "interrupt" else RunStatus.ROLLED_BACK
+    assert Run.objects.get(pk=first.id).status == expected
+    # Its ending released the new run, whose message is in the transcript now.
+    assert Run.objects.get(pk=second.id).status == RunStatus.QUEUED
+    assert recording_queue.run_ids[-1] == second.id
+    users = [text for role, text in transcript(chat.id) if role == "user"]
+    assert users == (["one", "two"] if strategy == "interrupt" else ["two"])
+    finished = Event.objects.filter(conversation_id=chat.id, type="run.finished", run_id=first.id)
+    assert [e.data["status"] for e in finished] == (
+        ["interrupted"] if strategy == "interrupt" else []
+    )
+
+
+def test_a_rollback_forgets_the_files_and_tasks_of_the_run_and_waiting_runs(user, recording_queue):
+    chat = lifecycle.create_conversation(owner=user, agent_id="approver")
+    first, _ = lifecycle.post_message(chat.id, "prod")
+    waiting, _ = lifecycle.post_message(chat.id, "later", strategy="enqueue")
+    File.objects.create(
+        conversation=chat,
+        owner=user,
+        name="a.txt",
+        mime_type="text/plain",
+        size=1,
+        sha256="0",
+        storage_name="agenttasks/x",
+    )
+    brought = File.objects.get(conversation=chat)
+    message = Event.objects.get(conversation_id=chat.id, run_id=first.id, type="message.user")
+    message.data = {**message.data, "files": [brought.ref()]}
+    message.save()
+    child = lifecycle.create(owner=user, agent_id="echo", input="child")
+    Task.objects.filter(pk=child.id).update(parent_conversation=chat, parent_run=first)
+    second, _ = lifecycle.post_message(chat.id, "again", strategy="rollback")
+    assert Run.objects.get(pk=waiting.id).status == RunStatus.CANCELLED  # never posted
+    assert read_back(chat.id) == {
+        "events": [("message.user", second.id)],
+        "actions": 0,
+        "files": 0,
+        "children": 0,
+    }
+    assert not Task.objects.filter(pk=child.id).exists()  # its tree was stopped and deleted
+    assert Run.objects.get(pk=first.id).status == RunStatus.ROLLED_BACK  # kept for operators

@@ -42,7 +42,7 @@ class ScheduleCreateSerializer(Body):
     multitaskStrategy = String(
         source="strategy",
         required=False,
-        help_text="When the conversation is busy: reject or enqueue.",
+        help_text="When the conversation is busy: reject, enqueue, interrupt or rollback.",
     )
     missedTicks = String(source="missed", required=False, help_text="skip or run_late.")
     paused = Flag(required=False)

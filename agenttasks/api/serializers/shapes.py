@@ -20,6 +20,7 @@ from ...lifecycle import escalation
 from ...models import Comment, Conversation, Event, PendingAction, Run, Task, TaskResult
 from ...states import (
     RUN_ENDED,
+    STOPPED_AS,
     TERMINAL,
     ActionStatus,
     RunStatus,
@@ -414,6 +415,9 @@ class MessageSerializer(Shape):
     commentId = serializers.CharField(required=False)
     usage = UsageSerializer(required=False)
     metadata = serializers.DictField(required=False)
+    interrupted = serializers.BooleanField(
+        required=False, help_text="A reply a newer message interrupted: what it had written."
+    )
     createdAt = serializers.DateTimeField(source="created_at")
 
     def get_role(self, event: Event) -> str:
@@ -437,6 +441,9 @@ class MessageSerializer(Shape):
     def get_metadata(self, event: Event) -> dict | None:
         value = (event.data or {}).get("metadata")
         return value if isinstance(value, dict) else None
+
+    def get_interrupted(self, event: Event) -> bool | None:
+        return True if (event.data or {}).get("interrupted") is True else None
 
 
 class EventSerializer(Shape):
@@ -475,6 +482,12 @@ class RunSerializer(Shape):
 
     def get_attempt(self, run: Run) -> int | None:
         return max(run.attempt, 1) if run.task_id else None
+
+    def get_stop_requested(self, run: Run) -> str | None:
+        # A stop for a newer message (interrupt, rollback) is a stop now, as a client sees it.
+        if run.stop_request in STOPPED_AS:
+            return StopRequest.NOW.value
+        return run.stop_request or None
 
     def get_error(self, run: Run) -> str | None:
         return run.error if run.status == RunStatus.FAILED else None
