@@ -74,6 +74,15 @@ class AgentDef:
     endpoint: str = "default"  # chat: whose limits its requests draw from (MODEL_LIMITS)
     patience_seconds: float | None = None  # chat: the longest wait for the provider's limits
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # automatic retries
+    # A message under `steer` reaches a running run of a chat agent at its next turn; a callable
+    # agent takes steered messages only if it says so (its handler reads `ctx.steered()`).
+    steerable: bool | None = None  # None: chat agents yes, callables no
+    steer_fallback: str = "enqueue"  # what `steer` does where this agent cannot be steered
+
+    @property
+    def takes_steering(self) -> bool:
+        """Say whether a running run of this agent reads messages steered to it."""
+        return self.runtime == "chat" if self.steerable is None else self.steerable
 
     @property
     def timeout(self) -> float:
@@ -279,7 +288,24 @@ def build(agent_id: str, **fields) -> AgentDef:
             agent_id, "patience_seconds", fields.get("patience_seconds")
         ),
         retry=_check_retry(agent_id, fields.get("retry") or {}),
+        steerable=_check_steerable(agent_id, fields.get("steerable")),
+        steer_fallback=_check_fallback(agent_id, fields.get("steer_fallback", "enqueue")),
     )
+
+
+STEER_FALLBACKS = ("reject", "enqueue", "interrupt", "rollback")
+
+
+def _check_steerable(agent_id: str, value) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise _fail(agent_id, f"steerable must be True, False or None, not {value!r}")
+    return value
+
+
+def _check_fallback(agent_id: str, value) -> str:
+    if value not in STEER_FALLBACKS:
+        raise _fail(agent_id, f"steer_fallback must be one of {', '.join(STEER_FALLBACKS)}")
+    return value
 
 
 class _Registry:

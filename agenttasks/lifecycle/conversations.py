@@ -11,6 +11,7 @@ from ..exceptions import ConversationNotFound, InvalidField, RunNotFound, RunNot
 from ..models import Conversation, Event, File, Run, Task
 from ..states import MultitaskStrategy, RunStatus
 from ..store import files
+from ..store.steering import STEER
 from ..types import Owner
 from .answering import comment
 from .base import progress_line
@@ -23,6 +24,7 @@ STRATEGIES = (
     MultitaskStrategy.ENQUEUE,
     MultitaskStrategy.INTERRUPT,
     MultitaskStrategy.ROLLBACK,
+    MultitaskStrategy.STEER,
 )
 
 
@@ -91,7 +93,9 @@ def post_message(
     already has (files.FileRefused), and stored as the conversation's files with the message.
     `strategy` says what a busy conversation does with it (docs/lifecycle.md#busy-conversations):
     `reject` refuses it (ConversationBusy; TaskBusy for a delegate task's); `enqueue` gives it a
-    run that waits its turn (status `waiting`, and no message event until that run starts).
+    run that waits its turn (status `waiting`, and no message event until that run starts);
+    `interrupt` and `rollback` stop what runs there first; `steer` hands it to the running run
+    (returned with the `message.steer` event), or follows the agent's `steer_fallback`.
     Refused at the active-task limit too.
     """
     conversation = Conversation.objects.filter(pk=conversation_id).first()
@@ -105,6 +109,12 @@ def post_message(
         Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True).first()
     )
     check_strategy(strategy, task_conversation=task_id is not None)
+    fallback: str = MultitaskStrategy.REJECT
+    if strategy == MultitaskStrategy.STEER:
+        agent = registry.get(conversation.agent)
+        fallback = agent.steer_fallback
+        if not agent.takes_steering:
+            strategy = fallback
     refs = [u.ref() for u in uploads] or None
     with files.kept_only_on_success() as written, transaction.atomic():
         if task_id is None:
@@ -115,8 +125,10 @@ def post_message(
                 files=refs,
                 owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
                 strategy=strategy,
+                fallback=fallback,
             )
-            if run.status == RunStatus.QUEUED:
+            steered = event is not None and event.type == STEER
+            if run.status == RunStatus.QUEUED and not steered:
                 launch_durable(run.id)
             if strategy == MultitaskStrategy.ROLLBACK:
                 transaction.on_commit(lambda: forget_rolled_back(conversation_id))

@@ -105,6 +105,12 @@ class Run(models.Model):
         blank=True,
         help_text="The message.user event a waiting run posts when it is released to start.",
     )
+    steers = models.PositiveIntegerField(
+        "steered messages", default=0, help_text="Messages steered to it (the steer strategy)."
+    )
+    steers_taken = models.PositiveIntegerField(
+        "steered messages taken in", default=0, help_text="Of those, the ones it has read."
+    )
     started_at = models.DateTimeField("started", null=True, blank=True)
     ended_at = models.DateTimeField("ended", null=True, blank=True)
     output = models.TextField("output", blank=True)

@@ -10,7 +10,7 @@ from typing import NoReturn
 from django.db import connection
 from django.utils import timezone
 
-from .. import lifecycle
+from .. import lifecycle, store
 from ..conf import _positive_number, app_settings
 from ..exceptions import TaskError
 from ..models import Comment, Event, File, PendingAction, Run
@@ -239,6 +239,12 @@ class RunContext:
         # Every run starts from the message that made it (input, comment, message, retry prompt,
         # continuation, notification), and a resumed run keeps its input.
         return self.input
+
+    def steered(self) -> list[str]:
+        """Take in the messages steered to this run since the last call: their texts, oldest
+        first. An agent registered `steerable=True` calls it between steps (each is then in the
+        transcript as a user message, origin `steer`: docs/lifecycle.md#busy-conversations)."""
+        return [event.data.get("content", "") for event in store.take_steers(self.run.id)]
 
     @property
     def files(self) -> list[FileHandle]:

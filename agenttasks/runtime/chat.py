@@ -206,7 +206,7 @@ class ChatRun:
             message = self.budget.before_call()
             if message:
                 raise BudgetExceeded(message)
-            if messages is None:
+            if self._take_steers() or messages is None:
                 messages, _ = transcript(self.ctx.conversation_id, self.agent.system_prompt)
             self.budget.spend(turns=1)
             self.pieces = []
@@ -225,6 +225,9 @@ class ChatRun:
                 total=usage["total_tokens"],
             )
             self._append_assistant(response)
+            if not response.calls and self._take_steers():
+                messages = None  # a message steered meanwhile: answer it in another turn
+                continue
             if not response.calls:
                 text = response.content or ""
                 return self._outcome(
@@ -245,6 +248,10 @@ class ChatRun:
     def _check_stop(self) -> None:
         if self.ctx.stop_now():
             raise RunStopped()
+
+    def _take_steers(self) -> bool:
+        """Take in the messages steered to this run since its last turn (docs/lifecycle.md)."""
+        return bool(store.take_steers(self.run.id))
 
     def _keep_interrupted_reply(self) -> None:
         """Keep what was streamed of a reply a newer message interrupted, marked interrupted

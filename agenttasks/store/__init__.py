@@ -47,6 +47,7 @@ from .runs import (
     update_conversation,
     wake_conversation,
 )
+from .steering import take_steers
 from .sweeps import (
     conversations_owed,
     expire_and_cancel,
@@ -133,6 +134,7 @@ __all__ = [
     "retry_prompt",
     "release_waiting",
     "start_conversation_run",
+    "take_steers",
     "stop_runs",
     "stored_files",
     "stuck_endings",

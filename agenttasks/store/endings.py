@@ -36,6 +36,7 @@ from .rows import (
     set_status,
     write_result,
 )
+from .steering import leave_untaken
 
 ORPHAN_TEXT = "The server stopped while the task was running"
 
@@ -165,6 +166,8 @@ def record_end(log: Log, run: Run, outcome: RunOutcome, now: datetime) -> None:
         run.status = outcome.status if outcome.status in RUN_ENDED else RunStatus.COMPLETED
         run.error = outcome.error if run.status == RunStatus.FAILED else ""
         run_finished(log, run)
+    if run.status != RunStatus.PAUSED and run.task_id is None:
+        leave_untaken(run, now)  # what was steered to it and never read runs after it
     run.save()
 
 

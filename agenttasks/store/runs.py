@@ -36,6 +36,7 @@ from .locking import (
 )
 from .rollbacks import roll_back
 from .rows import cancel_open_actions, requeue_paused, resolve_action
+from .steering import leave_untaken, steer
 
 _UNSET = object()
 
@@ -113,6 +114,7 @@ def start_conversation_run(
     files: list[Any] | None = None,
     owner_limit: int = 0,
     strategy: str = MultitaskStrategy.REJECT,
+    fallback: str = MultitaskStrategy.REJECT,
 ) -> tuple[Run, Event | None]:
     """Start a run of a conversation without a task on a user message; return it and the message.
 
@@ -121,8 +123,10 @@ def start_conversation_run(
     refuses it (ConversationBusy) under `reject`. Otherwise the run waits its turn (`waiting`,
     with no event yet: its message is posted when `release_waiting` starts it): behind the others
     under `enqueue`; under `interrupt` and `rollback` every unfinished run there is stopped first
-    (`stop_for_newer`), and when none was running the run starts at once. Refused
-    (ActiveTaskLimit) when its owner is at `owner_limit` active tasks.
+    (`stop_for_newer`), and when none was running the run starts at once. Under `steer` the
+    message goes to the queued or running run (`steering.steer`), which is returned with its
+    `message.steer` event; where none can take it (a run paused, an action pending) the write
+    follows `fallback`. Refused (ActiveTaskLimit) when its owner is at `owner_limit` active tasks.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -137,6 +141,13 @@ def start_conversation_run(
         if conversation.deleting_at is not None:
             raise ConversationNotFound(conversation_id)
         busy = conversation_busy(conversation_id)
+        if busy is not None and strategy == MultitaskStrategy.STEER:
+            target = steerable_run(conversation_id, busy)
+            if target is not None:
+                event = steer(log, target, content, metadata, files)
+                log.flush()
+                return target, event
+            strategy = fallback
         if busy is not None and strategy in STOPPING:
             stop_for_newer(log, conversation_id, STOPPING[strategy], now)
             busy = conversation_busy(conversation_id)
@@ -177,6 +188,23 @@ STOPPING: dict[str, str] = {
 }
 
 
+def steerable_run(conversation_id: str, busy: ConversationBusy) -> Run | None:
+    """Lock and return the run a steered message can reach: the conversation's queued or running
+    run, not being stopped, with no action pending (None when there is none)."""
+    if busy.action_ids:
+        return None
+    return (
+        Run.objects.select_for_update(no_key=True)
+        .filter(
+            conversation_id=conversation_id,
+            status__in=(RunStatus.QUEUED, RunStatus.RUNNING),
+            stop_request=StopRequest.NONE,
+        )
+        .order_by("-created_at", "-id")
+        .first()
+    )
+
+
 def stop_for_newer(log: Log, conversation_id: str, request: str, now: Any) -> None:
     """Stop every unfinished run of a locked conversation for a newer message.
 
@@ -200,6 +228,7 @@ def stop_for_newer(log: Log, conversation_id: str, request: str, now: Any) -> No
             roll_back(run, now)
         else:
             cancel_open_actions(log, run, now, reason="interrupted")
+            leave_untaken(run, now)
             run.status, run.ended_at, run.stop_request = RunStatus.INTERRUPTED, now, request
             run_finished(log, run)
         run.save()

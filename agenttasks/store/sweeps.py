@@ -21,6 +21,7 @@ from ..types import Ending, RunOutcome
 from .endings import ORPHAN_TEXT, end, finalize_locked
 from .locking import Log, hold_task, lock_open_action, lock_task, retried, run_finished
 from .rows import resolve_action
+from .steering import leave_untaken
 
 BATCH = 500
 # The leases a run of a demonstrably alive worker process may stay silent before the reaper
@@ -135,7 +136,8 @@ def fail_dead_conversation_runs() -> list[str]:
             log = Log()
             log.hold(run.conversation)
             run.status, run.ended_at, run.error = RunStatus.FAILED, now, ORPHAN_TEXT
-            run.save(update_fields=["status", "ended_at", "error"])
+            leave_untaken(run, now)  # what was steered to it runs after it
+            run.save(update_fields=["status", "ended_at", "error", "steers_taken"])
             run_finished(log, run)
             log.flush()
             ended.append(run.conversation_id)

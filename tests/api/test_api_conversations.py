@@ -238,14 +238,14 @@ def test_a_busy_conversation_enqueues_a_message_when_asked(
         assert set(body) == {"run"} and body["run"]["status"] == "waiting"  # no message yet
         later.append(body["run"]["id"])
     refused = error(
-        as_alice.post(path, {"message": "x", "multitaskStrategy": "steer"}),
+        as_alice.post(path, {"message": "x", "multitaskStrategy": "sideways"}),
         400,
         "VALIDATION_ERROR",
-        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback on a conversation",
+        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer on a conversation",
     )
     assert refused["details"]["fields"] == {
         "multitaskStrategy": [
-            "multitaskStrategy must be one of reject, enqueue, interrupt, rollback on a conversation"
+            "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer on a conversation"
         ]
     }
     cancel = f"/conversations/{conversation['id']}/runs/{later[0]}/cancel"

@@ -14,6 +14,7 @@ from agenttasks import lifecycle, registry, store
 from agenttasks.exceptions import ConversationBusy, InvalidField, RunNotWaiting
 from agenttasks.execution import worker
 from agenttasks.models import Event, File, PendingAction, Run, Task
+from agenttasks.runtime.base import Reply
 from agenttasks.states import RunStatus
 
 from ..conftest import run_threads, wait_for
@@ -101,7 +102,7 @@ def test_a_strategy_the_write_cannot_follow_is_refused_and_writes_nothing(
     with pytest.raises(InvalidField) as refused:
         lifecycle.post_message(chat.id, "two", strategy="sideways")
     assert (str(refused.value), refused.value.field) == (
-        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback on a conversation",
+        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer on a conversation",
         "multitaskStrategy",
     )
     task = lifecycle.create(owner=user, agent_id="echo", input="go")
@@ -286,3 +287,74 @@ def test_a_rollback_forgets_the_files_and_tasks_of_the_run_and_waiting_runs(user
     }
     assert not Task.objects.filter(pk=child.id).exists()  # its tree was stopped and deleted
     assert Run.objects.get(pk=first.id).status == RunStatus.ROLLED_BACK  # kept for operators
+
+
+# --- steer ---------------------------------------------------------------------------------------
+
+
+def listener(ctx):
+    """A callable agent that takes steering: it answers what it was told, steered messages too."""
+    return Reply(content="heard: " + ", ".join([ctx.input, *ctx.steered()]))
+
+
+def deaf(ctx):
+    """Registered steerable, but never reads what is steered to it."""
+    return Reply(content=f"only: {ctx.input}")
+
+
+@pytest.fixture
+def steerable(user):
+    registry.register("listener", runtime="callable", handler=listener, steerable=True)
+    registry.register("deaf", runtime="callable", handler=deaf, steerable=True)
+    registry.register("refuser", runtime="callable", handler=deaf, steer_fallback="reject")
+    yield lambda agent: lifecycle.create_conversation(owner=user, agent_id=agent)
+    for agent in ("listener", "deaf", "refuser"):
+        registry.unregister(agent)
+
+
+def test_a_steered_message_is_written_at_once_and_taken_in_by_the_run(steerable, recording_queue):
+    chat = steerable("listener")
+    first, _ = lifecycle.post_message(chat.id, "one")
+    run, event = lifecycle.post_message(chat.id, "two", strategy="steer")
+    assert run.id == first.id and (event.type, event.run_id) == ("message.steer", first.id)
+    assert event.data == {"content": "two", "origin": "steer"}
+    assert transcript(chat.id) == [("user", "one")]  # not in the transcript before it is read
+    assert run_to_idle(recording_queue) == [first.id]  # no run of its own
+    assert transcript(chat.id) == [
+        ("user", "one"),
+        ("user", "two"),
+        ("assistant", "heard: one, two"),
+    ]
+    taken = Event.objects.get(conversation_id=chat.id, type="message.user", data__origin="steer")
+    assert (taken.run_id, taken.data["steerId"]) == (first.id, event.id)
+    assert taken.seq > event.seq
+
+
+def test_a_steered_message_the_run_never_read_gets_a_run_of_its_own(steerable, recording_queue):
+    chat = steerable("deaf")
+    first, _ = lifecycle.post_message(chat.id, "one")
+    lifecycle.post_message(chat.id, "two", strategy="steer")
+    executed = run_to_idle(recording_queue)
+    assert len(executed) == 2 and executed[0] == first.id
+    assert transcript(chat.id) == [
+        ("user", "one"),
+        ("assistant", "only: one"),
+        ("user", "two"),
+        ("assistant", "only: two"),
+    ]
+
+
+def test_where_no_run_can_be_steered_the_agents_fallback_applies(steerable, user, recording_queue):
+    echo = lifecycle.create_conversation(owner=user, agent_id="echo")  # callable: not steerable
+    lifecycle.post_message(echo.id, "one")
+    run, event = lifecycle.post_message(echo.id, "two", strategy="steer")
+    assert (run.status, event) == (RunStatus.WAITING, None)  # steer_fallback: enqueue
+    refuser = steerable("refuser")
+    lifecycle.post_message(refuser.id, "one")
+    with pytest.raises(ConversationBusy):
+        lifecycle.post_message(refuser.id, "two", strategy="steer")
+    paused = lifecycle.create_conversation(owner=user, agent_id="approver")
+    lifecycle.post_message(paused.id, "prod")
+    run_to_idle(recording_queue)
+    run, event = lifecycle.post_message(paused.id, "staging", strategy="steer")
+    assert (run.status, event) == (RunStatus.WAITING, None)  # a paused run cannot read it

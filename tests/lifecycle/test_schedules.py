@@ -70,7 +70,7 @@ def test_a_six_field_cron_ticks_by_the_second(user):
         ({"interval": 10**9}, "intervalSeconds", "intervalSeconds must be a whole number"),
         ({"interval": 60, "timezone": "Mars/Olympus"}, "timezone", "Unknown time zone"),
         ({"interval": 60, "timezone": "x" * 300}, "timezone", "Unknown time zone"),
-        ({"interval": 60, "strategy": "steer"}, "multitaskStrategy", "multitaskStrategy must"),
+        ({"interval": 60, "strategy": "sideways"}, "multitaskStrategy", "multitaskStrategy must"),
         ({"interval": 60, "missed": "never"}, "missedTicks", "missedTicks must be one of"),
         ({"interval": 60, "agent_id": "nobody"}, "agentId", "Unknown agent: 'nobody'"),
     ],

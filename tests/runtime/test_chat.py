@@ -844,3 +844,33 @@ def test_a_turn_further_off_than_park_after_parks_the_run_until_its_place_in_lin
     arrivals = [r.arrived for r in server.requests]
     assert arrivals[1] - arrivals[0] >= 1.0  # at its place: one a second at 90 %
     assert server.served["m-plain"] == 2
+
+
+def test_a_message_steered_to_a_running_chat_run_is_read_at_its_next_turn(
+    model, agents, user, recording_queue
+):
+    agents("helper", model="m-helper")
+    steered = lambda request: Run.objects.filter(steers=1).exists()  # noqa: E731
+    server = model.script(
+        lambda r: hold(steered, deadline=10, then=answer("About dogs."))
+        if len(r.messages) == 1
+        else answer("About dogs, and cats.")
+    )
+    conversation = lifecycle.create_conversation(owner=user, agent_id="helper")
+    run, _ = lifecycle.post_message(conversation.id, "Write about dogs")
+    thread = in_thread(run_to_idle, recording_queue)
+    wait_for(lambda: server.of("m-helper"), message="the first model request")
+    target, event = lifecycle.post_message(conversation.id, "and cats", strategy="steer")
+    assert (target.id, event.type) == (run.id, "message.steer")
+    thread.join(20)
+    first, second = server.of("m-helper")
+    assert [(m["role"], m["content"]) for m in second.messages] == [
+        ("user", "Write about dogs"),
+        ("assistant", "About dogs."),
+        ("user", "and cats"),
+    ]
+    assert Run.objects.get(pk=run.id).status == "completed"  # one run, two turns
+    assert [(role, text) for role, text in transcript(conversation.id)][-2:] == [
+        ("user", "and cats"),
+        ("assistant", "About dogs, and cats."),
+    ]

@@ -268,8 +268,8 @@ class MessageCreateSerializer(Body):
     multitaskStrategy = String(
         source="strategy",
         required=False,
-        help_text="When the conversation is busy: reject (409, the default), enqueue, interrupt "
-        "or rollback.",
+        help_text="When the conversation is busy: reject (409, the default), enqueue, interrupt, "
+        "rollback or steer.",
     )
 
 

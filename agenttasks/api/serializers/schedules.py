@@ -42,7 +42,7 @@ class ScheduleCreateSerializer(Body):
     multitaskStrategy = String(
         source="strategy",
         required=False,
-        help_text="When the conversation is busy: reject, enqueue, interrupt or rollback.",
+        help_text="When the conversation is busy: reject, enqueue, interrupt, rollback or steer.",
     )
     missedTicks = String(source="missed", required=False, help_text="skip or run_late.")
     paused = Flag(required=False)

@@ -408,7 +408,7 @@ class MessageSerializer(Shape):
     role = serializers.ChoiceField(choices=["user", "assistant", "notification"])
     content = serializers.CharField(allow_blank=True)
     origin = serializers.ChoiceField(
-        choices=["input", "comment", "message", "retry", "continuation"], required=False
+        choices=["input", "comment", "message", "retry", "continuation", "steer"], required=False
     )
     files = FileRefSerializer(many=True, required=False)
     runId = serializers.CharField(source="run_id", required=False)
@@ -427,7 +427,8 @@ class MessageSerializer(Shape):
         return (event.data or {}).get("content") or ""
 
     def get_origin(self, event: Event) -> str | None:
-        return (event.data or {}).get("origin") if event.type == "message.user" else None
+        user = event.type in ("message.user", "message.steer")
+        return (event.data or {}).get("origin") if user else None
 
     def get_files(self, event: Event) -> list | None:
         return (event.data or {}).get("files")

@@ -1,0 +1,73 @@
+"""Steering a conversation's run: the `steer` strategy (docs/lifecycle.md#busy-conversations).
+
+A steered message is written at once, under the conversation's lock, as a `message.steer` event
+naming the run it steers, and counted on the run (`steers`). The run takes it in at its next
+model turn (a chat agent) or when its handler asks (`ctx.steered()`): the `message.user` (origin
+`steer`) appended then puts it in the transcript, and `steers_taken` catches up. A run that ends
+with messages it never took in leaves each to a run of its own, waiting its turn, so none is lost.
+"""
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from ..models import Event, Run
+from ..states import RunStatus, RunTrigger
+from .locking import Log, lock_run, retried, user_message_data
+
+STEER = "message.steer"
+
+
+def steer(log: Log, run: Run, content: str, metadata: Any, files: Any) -> Event:
+    """Write a message steered to a locked run of a locked conversation."""
+    data = user_message_data(content, "steer", files, None, metadata)
+    run.steers += 1
+    run.save(update_fields=["steers"])
+    return log.add(run.conversation_id, STEER, data, run_id=run.id)
+
+
+@retried
+def take_steers(run_id: str) -> list[Event]:
+    """Take in the messages steered to a run since it last looked; return their message.user
+    events (none: one primary-key read)."""
+    if not Run.objects.filter(pk=run_id, steers__gt=F("steers_taken")).exists():
+        return []
+    with transaction.atomic():
+        run = lock_run(run_id)
+        log = Log()
+        log.hold(run.conversation)
+        taken = [
+            log.add(run.conversation_id, "message.user", {**e.data, "steerId": e.id}, run_id=run.id)
+            for e in _untaken(run)
+        ]
+        run.steers_taken = run.steers
+        run.save(update_fields=["steers_taken"])
+        log.flush()
+        return taken
+
+
+def leave_untaken(run: Run, now: datetime) -> None:
+    """Give each message steered to a locked run that ends and never took it in a waiting run."""
+    for event in _untaken(run):
+        data = {**event.data, "origin": "message"}
+        Run.objects.create(
+            conversation_id=run.conversation_id,
+            agent=run.agent,
+            trigger=RunTrigger.MESSAGE,
+            input=data.get("content", ""),
+            status=RunStatus.WAITING,
+            queued_at=now,
+            message=data,
+        )
+    run.steers_taken = run.steers
+
+
+def _untaken(run: Run) -> list[Event]:
+    if run.steers <= run.steers_taken:
+        return []
+    steered = Event.objects.filter(
+        conversation_id=run.conversation_id, type=STEER, run_id=run.id
+    ).order_by("seq")
+    return list(steered[run.steers_taken :])
