@@ -334,14 +334,19 @@ class _Registry:
 
     def all(self) -> dict[str, AgentDef]:
         with self._lock:
-            if self._merged is None:
-                merged: dict[str, AgentDef] = {}
-                for agent_id, spec in (app_settings.AGENTS or {}).items():
-                    if agent_id in self._code:
-                        raise _fail(agent_id, "defined both in AGENTTASKS['AGENTS'] and in code")
-                    merged[agent_id] = build(agent_id, **(spec or {}))
-                merged.update(self._code)
-                self._merged = merged
+            if self._merged is not None:
+                return self._merged
+        # Built outside the lock: importing a handler's module may register agents (a site's
+        # agents module often does), which takes the lock.
+        built = {
+            agent_id: build(agent_id, **(spec or {}))
+            for agent_id, spec in (app_settings.AGENTS or {}).items()
+        }
+        with self._lock:
+            for agent_id in built:
+                if agent_id in self._code:
+                    raise _fail(agent_id, "defined both in AGENTTASKS['AGENTS'] and in code")
+            self._merged = {**built, **self._code}
             return self._merged
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from django.db import connection
 
+from agenttasks.broker import queue
 from agenttasks.broker.listen import HOST, listener_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +41,14 @@ def database_env() -> dict:
         port = settings.get("PORT") or "5432"
         return {"DATABASE_URL": f"postgres://{user}@{host}:{port}/{settings['NAME']}"}
     return {"SQLITE_PATH": str(settings["NAME"])}
+
+
+def run_jobs() -> int:
+    """django-q2's queued jobs that execute a run: the scheduler's own jobs (the reaper's,
+    retention's, a schedule's ticks), which a running cluster adds every second, left out."""
+    from django_q.models import OrmQ
+
+    return sum(1 for job in OrmQ.objects.all() if job.task.get("func") == queue.EXECUTE_RUN)
 
 
 class Cluster:

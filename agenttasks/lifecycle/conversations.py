@@ -130,7 +130,7 @@ def post_message(
             steered = event is not None and event.type == STEER
             if run.status == RunStatus.QUEUED and not steered:
                 launch_durable(run.id)
-            if strategy == MultitaskStrategy.ROLLBACK:
+            if MultitaskStrategy.ROLLBACK in (strategy, fallback):  # the store may fall back
                 transaction.on_commit(lambda: forget_rolled_back(conversation_id))
         else:
             message = comment(

@@ -121,6 +121,8 @@ class McpView(AppPolicies):
 
     schema = None  # not part of the REST API's OpenAPI document
     http_method_names = ["get", "post", "delete"]
+    # DELETE is answered (a 405 that says why), not allowed: every answer's Allow says so.
+    allowed_methods = ["GET", "POST"]
     request_id = None
     data: dict | None = None
     body_error: errors.ApiError | None = None

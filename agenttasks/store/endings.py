@@ -167,7 +167,7 @@ def record_end(log: Log, run: Run, outcome: RunOutcome, now: datetime) -> None:
         run.error = outcome.error if run.status == RunStatus.FAILED else ""
         run_finished(log, run)
     if run.status != RunStatus.PAUSED and run.task_id is None:
-        leave_untaken(run, now)  # what was steered to it and never read runs after it
+        leave_untaken(log, run, now)  # what was steered to it and never read is not lost
     run.save()
 
 

@@ -33,3 +33,4 @@ def roll_back(run: Run, now: datetime) -> None:
     events.delete()
     PendingAction.objects.filter(run_id=run.id).delete()
     run.status, run.ended_at, run.error, run.message = RunStatus.ROLLED_BACK, now, "", None
+    run.steers_taken = run.steers  # what was steered to it is forgotten with the rest

@@ -31,7 +31,6 @@ from .locking import (
     lock_task,
     retried,
     run_finished,
-    user_message,
     user_message_data,
 )
 from .rollbacks import roll_back
@@ -153,30 +152,20 @@ def start_conversation_run(
             busy = conversation_busy(conversation_id)
         if busy is not None and strategy == MultitaskStrategy.REJECT:
             raise busy
-        if busy is not None:
-            waiting = Run.objects.create(
-                id=run_id or ids.new_run_id(),
-                conversation=conversation,
-                agent=conversation.agent,
-                trigger=RunTrigger.MESSAGE,
-                input=content,
-                status=RunStatus.WAITING,
-                queued_at=now,
-                message=user_message_data(content, "message", files, None, metadata),
-            )
-            return waiting, None
+        message = user_message_data(content, "message", files, None, metadata)
         run = Run.objects.create(
             id=run_id or ids.new_run_id(),
             conversation=conversation,
             agent=conversation.agent,
             trigger=RunTrigger.MESSAGE,
             input=content,
-            status=RunStatus.QUEUED,
+            status=RunStatus.QUEUED if busy is None else RunStatus.WAITING,
             queued_at=now,
+            message=None if busy is None else message,  # posted when it is released
         )
-        event = user_message(
-            log, conversation_id, content, "message", run_id=run.id, files=files, metadata=metadata
-        )
+        if busy is not None:
+            return run, None
+        event = log.add(conversation_id, "message.user", message, run_id=run.id)
         log.flush()
     return run, event
 
@@ -227,9 +216,9 @@ def stop_for_newer(log: Log, conversation_id: str, request: str, now: Any) -> No
             run.stop_request = request
             roll_back(run, now)
         else:
-            cancel_open_actions(log, run, now, reason="interrupted")
-            leave_untaken(run, now)
             run.status, run.ended_at, run.stop_request = RunStatus.INTERRUPTED, now, request
+            cancel_open_actions(log, run, now, reason="interrupted")
+            leave_untaken(log, run, now)
             run_finished(log, run)
         run.save()
 

@@ -4,7 +4,8 @@ A steered message is written at once, under the conversation's lock, as a `messa
 naming the run it steers, and counted on the run (`steers`). The run takes it in at its next
 model turn (a chat agent) or when its handler asks (`ctx.steered()`): the `message.user` (origin
 `steer`) appended then puts it in the transcript, and `steers_taken` catches up. A run that ends
-with messages it never took in leaves each to a run of its own, waiting its turn, so none is lost.
+with messages it never took in leaves each to a run of its own, waiting its turn, so none is lost;
+one interrupted for a newer message puts them in the transcript, where the newer run reads them.
 """
 
 from datetime import datetime
@@ -14,7 +15,7 @@ from django.db import transaction
 from django.db.models import F
 
 from ..models import Event, Run
-from ..states import RunStatus, RunTrigger
+from ..states import RunStatus, RunTrigger, StopRequest
 from .locking import Log, lock_run, retried, user_message_data
 
 STEER = "message.steer"
@@ -48,9 +49,17 @@ def take_steers(run_id: str) -> list[Event]:
         return taken
 
 
-def leave_untaken(run: Run, now: datetime) -> None:
-    """Give each message steered to a locked run that ends and never took it in a waiting run."""
+def leave_untaken(log: Log, run: Run, now: datetime) -> None:
+    """Settle the messages steered to a locked run that ends and never took them in.
+
+    Interrupted for a newer message, it takes them into the transcript now (that message's run
+    reads them); any other ending gives each a run of its own, waiting its turn.
+    """
     for event in _untaken(run):
+        if run.stop_request == StopRequest.INTERRUPT:
+            data = {**event.data, "steerId": event.id}
+            log.add(run.conversation_id, "message.user", data, run_id=run.id)
+            continue
         data = {**event.data, "origin": "message"}
         Run.objects.create(
             conversation_id=run.conversation_id,

@@ -136,7 +136,7 @@ def fail_dead_conversation_runs() -> list[str]:
             log = Log()
             log.hold(run.conversation)
             run.status, run.ended_at, run.error = RunStatus.FAILED, now, ORPHAN_TEXT
-            leave_untaken(run, now)  # what was steered to it runs after it
+            leave_untaken(log, run, now)  # what was steered to it runs after it
             run.save(update_fields=["status", "ended_at", "error", "steers_taken"])
             run_finished(log, run)
             log.flush()

@@ -2,7 +2,8 @@
 
 The chat agent streams from the fake model server over HTTP; a newer message with `interrupt`
 stops it mid-reply. What it had streamed stays in the transcript, marked interrupted, and the
-fake server sees it in the next run's request. Three enqueued messages run in the order written.
+fake server sees it in the next run's request. Three enqueued messages run in the order written,
+also when the cluster is SIGKILLed while the first one runs.
 """
 
 import threading
@@ -15,7 +16,7 @@ from agenttasks.models import Event, Run
 from agenttasks.states import RunStatus
 
 from ..conftest import wait_for
-from ..fake_model import Reply, _frame, answer
+from ..fake_model import Reply, _frame, answer, hold
 
 pytest_plugins = ["tests.fake_model"]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -96,3 +97,40 @@ def test_three_enqueued_messages_run_in_the_order_written(start_cluster, model, 
         "re: four",
     ]
     assert [last_user(r) for r in server.of("m-writer")] == ["one", "two", "three", "four"]
+
+
+def test_enqueued_runs_survive_a_sigkill_of_the_cluster_and_run_in_order(
+    start_cluster, model, user
+):
+    model.set(AGENTS={**WRITER, "writer": {**WRITER["writer"], "stream": False}}, **FAST_LEASES)
+    answering = threading.Event()
+
+    def script(request):
+        if last_user(request) == "one" and not answering.is_set():
+            return hold(lambda r: r.disconnected(), deadline=30)  # until the cluster dies
+        return answer(f"re: {last_user(request)}")
+
+    server = model.script(script)
+    cluster = start_cluster(workers=1, **model.values)
+    chat = lifecycle.create_conversation(owner=user, agent_id="writer")
+    first, _ = lifecycle.post_message(chat.id, "one")
+    for text in ("two", "three", "four"):
+        lifecycle.post_message(chat.id, text, strategy="enqueue")
+    wait_for(lambda: server.of("m-writer"), timeout=20, message="the first model request")
+    cluster.kill()
+    answering.set()
+    start_cluster(workers=1, **model.values)
+    wait_for(
+        lambda: (
+            Event.objects.filter(conversation_id=chat.id, type="message.assistant").count() == 3
+        ),
+        timeout=40,
+        message="the enqueued messages answered after the restart",
+    )
+    assert Run.objects.get(pk=first.id).status == RunStatus.FAILED  # the reaper's orphan
+    answered = Event.objects.filter(conversation_id=chat.id, type="message.assistant")
+    assert [e.data["content"] for e in answered.order_by("seq")] == [
+        "re: two",
+        "re: three",
+        "re: four",
+    ]

@@ -19,6 +19,7 @@ from agenttasks.models import Run, Task
 from agenttasks.store import sweeps
 from agenttasks.types import ActionRequest, NewTask
 
+from ..cluster import run_jobs
 from ..conftest import wait_for
 
 PAST = timedelta(hours=1)
@@ -181,7 +182,7 @@ def test_a_stalled_cluster_keeps_one_job_per_run(start_cluster, user, tmp_path, 
         # The running jobs claimed most runs before their own jobs came up (several runs a
         # claim): those jobs are left, and each costs one claim statement that finds its run
         # taken (about 110 a second on SQLite's single writer, for up to RUNS of them).
-        wait_for(lambda: OrmQ.objects.count() == 0, timeout=180, message="the queue to empty")
+        wait_for(lambda: run_jobs() == 0, timeout=180, message="the queue to empty")
 
     executions = log.read_text().split()
     assert len(executions) == RUNS

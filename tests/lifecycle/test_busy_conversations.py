@@ -8,6 +8,7 @@ then. Runs execute in this thread (the recording queue); the races are real thre
 import time
 
 import pytest
+from django.db import models
 from django.test import override_settings
 
 from agenttasks import lifecycle, registry, store
@@ -358,3 +359,44 @@ def test_where_no_run_can_be_steered_the_agents_fallback_applies(steerable, user
     run_to_idle(recording_queue)
     run, event = lifecycle.post_message(paused.id, "staging", strategy="steer")
     assert (run.status, event) == (RunStatus.WAITING, None)  # a paused run cannot read it
+
+
+@pytest.mark.parametrize("round_no", range(20))
+def test_racing_messages_of_every_strategy_leave_one_run_going(
+    steerable, recording_queue, round_no
+):
+    chat = steerable("listener")
+    lifecycle.post_message(chat.id, "first")
+    strategies = ["reject", "enqueue", "interrupt", "rollback", "steer", "enqueue"]
+
+    def send(i):
+        return lifecycle.post_message(chat.id, f"m{i}", strategy=strategies[i])
+
+    results = run_threads(send, len(strategies))
+    refused = {strategies[i]: r for i, r in enumerate(results) if isinstance(r, BaseException)}
+    assert all(isinstance(r, ConversationBusy) for r in refused.values()), refused
+    assert set(refused) <= {"reject"}  # only reject refuses a busy conversation
+    going = Run.objects.filter(conversation_id=chat.id, status__in=["queued", "running"])
+    assert going.count() == 1, list(Run.objects.values_list("input", "status"))
+    run_to_idle(recording_queue)
+    assert not Run.objects.filter(conversation_id=chat.id).unfinished().exists()
+    # Each accepted message was answered or stopped for a newer one; none is left unread.
+    assert not Run.objects.filter(steers__gt=models.F("steers_taken")).exists()
+
+
+def test_what_was_steered_to_an_interrupted_run_is_in_the_transcript_of_the_newer_one(
+    steerable, recording_queue
+):
+    chat = steerable("listener")
+    first, _ = lifecycle.post_message(chat.id, "one")
+    lifecycle.post_message(chat.id, "two", strategy="steer")
+    newer, _ = lifecycle.post_message(chat.id, "three", strategy="interrupt")
+    assert Run.objects.get(pk=first.id).status == RunStatus.INTERRUPTED
+    run_to_idle(recording_queue)
+    assert transcript(chat.id) == [
+        ("user", "one"),
+        ("user", "two"),
+        ("user", "three"),
+        ("assistant", "heard: three"),
+    ]
+    assert not Run.objects.filter(conversation_id=chat.id, status=RunStatus.WAITING).exists()

@@ -271,3 +271,22 @@ def test_an_agent_call_checks_its_priority_and_start_as_rest_does(server, alice)
     refusal = refused(tool({"input": "x", "notBefore": "soon"}), 400, INVALID_PARAMS)
     assert refusal["message"].startswith("notBefore must be an ISO 8601 date and time")
     assert not Task.objects.filter(owner=alice).exists()
+
+
+def test_every_answer_allows_get_and_post_only(server, alice):
+    import httpx
+
+    from ..mcp_support import endpoint
+
+    anonymous = httpx.delete(endpoint(server), timeout=30)
+    assert anonymous.status_code == 401 and anonymous.headers["Allow"] == "GET, POST"
+    deleted = httpx.delete(
+        endpoint(server), headers={"Authorization": f"Token {alice.token}"}, timeout=30
+    )
+    error = refused(deleted, 405, INVALID_REQUEST)
+    assert (
+        error["message"] == "Sessions are not ended: their conversation and its tasks outlive them"
+    )
+    assert deleted.headers["Allow"] == "GET, POST"
+    listed = post(server, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert listed.status_code == 401 and listed.headers["Allow"] == "GET, POST"

@@ -852,9 +852,11 @@ def test_a_message_steered_to_a_running_chat_run_is_read_at_its_next_turn(
     agents("helper", model="m-helper")
     steered = lambda request: Run.objects.filter(steers=1).exists()  # noqa: E731
     server = model.script(
-        lambda r: hold(steered, deadline=10, then=answer("About dogs."))
-        if len(r.messages) == 1
-        else answer("About dogs, and cats.")
+        lambda r: (
+            hold(steered, deadline=10, then=answer("About dogs."))
+            if len(r.messages) == 1
+            else answer("About dogs, and cats.")
+        )
     )
     conversation = lifecycle.create_conversation(owner=user, agent_id="helper")
     run, _ = lifecycle.post_message(conversation.id, "Write about dogs")
