@@ -201,8 +201,16 @@ def test_the_banner_names_each_insecure_choice_still_in_effect():
         call_command("demo_setup", host="0.0.0.0", port="8001", stdout=out)
     text = out.getvalue()
     assert "Admin:     http://127.0.0.1:8001/admin/" in text
+    assert "Playground: http://127.0.0.1:8001/   (sign in as admin" in text  # the README's first
     assert "Demo settings, unsafe on a reachable server: the superuser is admin / admin." in text
     assert (
         "WARNING: listening on 0.0.0.0: anyone who can reach this machine can use it with the "
         "settings above." in text
     )
+
+
+@pytest.mark.django_db
+def test_every_page_has_its_icon(client):
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon["Content-Type"] == "image/svg+xml"
+    assert icon.content.startswith(b"<svg")

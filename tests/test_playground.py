@@ -163,9 +163,12 @@ def test_a_conversation_with_lead_shows_its_background_task_and_the_wake_up(
     expect(card).to_contain_text(f"echo · {child.id}")
     replies = log.locator("li.assistant")
     expect(replies.first).to_have_text(f"lead: Started {child.id}")
-    # The wake-up: the system's notification, then lead's next reply.
+    # The wake-up: the system's notification (its task lines; the model's instructions are not
+    # the person's to read), then lead's next reply.
     expect(log.locator("li.system")).to_have_text(
-        re.compile(rf'^System: \[task-notification\] Task "sub: hello" \({child.id}\) completed')
+        re.compile(
+            rf'^System: Task "sub: hello" \({child.id}\) completed\. Result: Echo: sub: hello$'
+        )
     )
     noted = f'lead: noted: Task "sub: hello" ({child.id}) completed. Result: Echo: sub: hello'
     expect(replies).to_have_text([f"lead: Started {child.id}", noted])
@@ -354,3 +357,18 @@ def test_a_message_to_a_busy_conversation_follows_the_strategy_picked(playground
     conversation = Conversation.objects.get(agent="asker")
     statuses = list(conversation.runs.order_by("created_at").values_list("status", flat=True))
     assert statuses == ["interrupted", "paused"]
+
+
+def test_the_recent_list_follows_the_tasks_it_shows(playground, start_cluster):
+    from playwright.sync_api import expect
+
+    start_cluster()
+    page = playground
+    start(page, "task", "asker", "Export the report")
+    expect(page.locator("#task-status")).to_have_text("waiting_for_input")
+    start(page, "task", "echo", "hi")  # the asker's task is no longer the one open
+    expect(page.locator("#task-status")).to_have_text("completed")
+    asker = page.locator("#recent li", has_text="Export the report").locator(".badge")
+    expect(asker).to_have_text("waiting_for_input")
+    lifecycle.cancel(Task.objects.get(agent="asker").id)  # elsewhere: another tab, the API
+    expect(asker).to_have_text("cancelled")

@@ -55,6 +55,7 @@ class Command(BaseCommand):
         base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
         lines = [
             "",
+            f"  Playground: {base}/   (sign in as {USERNAME}: start a task or a conversation)",
             f"  Admin:     {base}/admin/   (user {USERNAME}, password {PASSWORD})",
             f"  REST API:  {base}/api/agents/   (header: Authorization: Token {token.key})",
         ]
