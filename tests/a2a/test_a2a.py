@@ -5,6 +5,7 @@ the real a2a-sdk client, on both bindings (JSON-RPC and HTTP+JSON)."""
 import httpx
 import pytest
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
+from django.contrib.admin.utils import quote
 from django.test import Client
 
 from agenttasks.models import Task
@@ -78,7 +79,7 @@ def test_send_blocking_to_echo(peer, alice, cluster, binding):
     alice.save()
     admin = Client()
     admin.force_login(alice)
-    page = admin.get(f"/admin/agenttasks/task/{task.id}/change/")
+    page = admin.get(f"/admin/agenttasks/task/{quote(task.id)}/change/")
     assert page.status_code == 200 and "Echo: hi" in page.content.decode()
 
 

@@ -2,6 +2,7 @@
 wake-ups (docs/lifecycle.md#wake-up-debt-and-notifications), and `host_conversation`."""
 
 import pytest
+from django.contrib.admin.utils import quote
 
 from agenttasks import lifecycle, store
 from agenttasks.delivery import wakeups
@@ -88,8 +89,8 @@ def test_the_admin_shows_a_host_conversation(host, user):
     admin.force_login(user)
     for path in (
         "/admin/agenttasks/conversation/",
-        f"/admin/agenttasks/conversation/{host.id}/change/",
-        f"/admin/agenttasks/task/{info.task_id}/change/",
+        f"/admin/agenttasks/conversation/{quote(host.id)}/change/",
+        f"/admin/agenttasks/task/{quote(info.task_id)}/change/",
     ):
         assert admin.get(path).status_code == 200, path
 

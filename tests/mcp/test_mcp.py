@@ -4,6 +4,7 @@ real `mcp` client, on both protocol versions (2025-11-25 and 2026-07-28)."""
 
 import httpx
 import pytest
+from django.contrib.admin.utils import quote
 from django.test import Client
 
 from ..mcp_support import (  # noqa: F401  (fixtures)
@@ -120,7 +121,7 @@ def test_spawn_echo_and_poll_it_to_completion(host, alice, cluster, mode):
     alice.save()
     admin = Client()
     admin.force_login(alice)
-    page = admin.get(f"/admin/agenttasks/task/{task_id}/change/")
+    page = admin.get(f"/admin/agenttasks/task/{quote(task_id)}/change/")
     assert page.status_code == 200 and "Echo: hi" in page.content.decode()
 
 
