@@ -46,6 +46,7 @@ YES = {"yes", "y", "approve", "approved", "ok", "true"}
 NO = {"no", "n", "deny", "denied", "reject", "false"}
 # The metadata keys a client sets a task's priority and delayed start with (docs/a2a.md).
 PRIORITY_KEY, NOT_BEFORE_KEY = "agenttasks.priority", "agenttasks.notBefore"
+STRATEGY_KEY = "agenttasks.multitaskStrategy"
 
 
 @dataclass
@@ -132,7 +133,11 @@ def send(call: Call, req: SendRequest) -> Sent:
             .values_list("last_seq", flat=True)
             .first()
         )
-        answered = answer(call, task, incoming)
+        strategy = _metadata(req).get(STRATEGY_KEY)
+        if strategy is None:
+            answered = answer(call, task, incoming)
+        else:
+            answered = comment_under(call, task, incoming, strategy)
         return Sent(call.present(answered), answered, after or 0)
     task_message, created = create(call, req, incoming)
     return Sent(task_message, created, 0)  # a new conversation: follow it from its start
@@ -305,6 +310,26 @@ def answer(call: Call, task: Task, incoming) -> Task:
         except errors.ApiError as exc:
             raise invalid(exc) from None
         lifecycle.resolve_as_person(action.id, {**resolution, "decided_by": call.user})
+    return reload(task.id)
+
+
+def comment_under(call: Call, task: Task, incoming, strategy: Any) -> Task:
+    """Comment on a task under a multitask strategy (`agenttasks.multitaskStrategy`): it
+    re-opens a finished task, and a busy one follows the strategy (docs/a2a.md#busy-tasks)."""
+    if incoming.uploads:
+        raise InvalidParamsError("A comment carries no files")
+    try:
+        text = checks.text(incoming.text, "content", required_message="content is required")
+        lifecycle.send_to_task(task.id, text, strategy=str(strategy), author=call.user)
+    except errors.ApiError as exc:
+        raise invalid(exc) from None
+    except TaskError as exc:
+        if exc.status_code >= 500:
+            raise
+        refusal = errors.refusal(exc).message
+        if exc.status_code == 400:
+            raise InvalidParamsError(refusal) from None
+        raise UnsupportedOperationError(refusal) from None
     return reload(task.id)
 
 

@@ -16,7 +16,7 @@ from django.db import transaction
 
 from .. import ids, store
 from ..broker import queue
-from ..exceptions import ConversationNotFound
+from ..exceptions import ConversationNotFound, TaskNotFound
 from ..models import Conversation, PendingAction, Run, Task, Wakeup
 from ..states import TERMINAL, RunTrigger, TaskStatus, WakeupState, model_status
 from ..text import go_quote, one_line
@@ -82,10 +82,9 @@ def deliver_pending(conversation_id: str) -> Run | None:
     """Start what an idle conversation has waiting: its oldest enqueued message, else a wake-up
     with every result it is owed (one event, one run, all in one commit)."""
     own_task = Task.objects.filter(conversation_id=conversation_id).only("id", "status").first()
-    if own_task is None:
-        released = _release(conversation_id)
-        if released is not None:
-            return released
+    released = _release(conversation_id, own_task.id if own_task is not None else None)
+    if released is not None:
+        return released
     try:
         with transaction.atomic():
             if own_task is not None:
@@ -103,18 +102,23 @@ def deliver_pending(conversation_id: str) -> Run | None:
     return run
 
 
-def _release(conversation_id: str) -> Run | None:
-    """Start the conversation's oldest waiting run if it is idle (the `enqueue` strategy)."""
+def _release(conversation_id: str, task_id: str | None) -> Run | None:
+    """Start the oldest message waiting its turn in an idle conversation, or re-open the task
+    on it (the `enqueue` strategy: docs/lifecycle.md#busy-conversations)."""
     try:
-        started = store.release_waiting(conversation_id)
-    except ConversationNotFound:
+        if task_id is None:
+            started = store.release_waiting(conversation_id)
+            run = started[0] if started is not None else None
+        else:
+            task = store.release_task_waiting(task_id)
+            run = task.run if task is not None else None
+    except (ConversationNotFound, TaskNotFound):
         return None
     except Exception:
         logger.exception("wakeups.release_failed conversation=%s", conversation_id)
         return None
-    if started is None:
+    if run is None:
         return None
-    run = started[0]
     queue.launch_on_commit(run.id)
     logger.info("wakeups.released conversation=%s run=%s", conversation_id, run.id)
     return run

@@ -8,7 +8,8 @@ contract; this package is the Python API, one module per concern:
 
 - `creation`: create, spawn          - `reading`: status, wait_for, list_tasks, meta_for
 - `retries`: retry and its refusal   - `stopping`: stop, cancel, stop_tree
-- `answering`: comments, messages, answers to actions, their refusals, lapsed actions
+- `answering`: comments, messages (under a multitask strategy), answers to actions, their
+  refusals, lapsed actions
 - `endings`: a run's ending (pause, continue, finalize), model_has_result
 - `recovery`: the reaper's pass, deleting trees
 - `conversations`: conversations without a task (a host's, with no agent behind it, too),
@@ -26,6 +27,7 @@ from .answering import (
     message_refusal,
     resolve_action,
     resolve_as_person,
+    send_to_task,
     waiting_on,
 )
 from .base import agent_name, conversation_id_of, info, progress_line
@@ -59,6 +61,7 @@ __all__ = [
     "answer_refusal",
     "cancel",
     "comment",
+    "send_to_task",
     "comment_refusal",
     "conversation_id_of",
     "create",

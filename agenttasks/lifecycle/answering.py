@@ -2,24 +2,31 @@
 
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
-from .. import ids, store
+from .. import ids, registry, store
 from ..conf import app_settings
 from ..exceptions import (
     ActionNotFound,
     ActionPending,
     ActionResolved,
     ConversationBusy,
+    InvalidField,
     TaskBusy,
     TaskError,
 )
 from ..models import Comment, PendingAction, Run, Task
-from ..states import ActionStatus, RunStatus, RunTrigger, TaskStatus
+from ..states import ActionStatus, MultitaskStrategy, RunStatus, RunTrigger, TaskStatus
+from ..store.busy_tasks import Sent
 from ..types import Owner
 from . import answers
 from .base import DELEGATE, info, read, refuse
 from .effects import announce, launch, launch_durable
+
+# What a write that would start a run in a busy conversation or task may do instead
+# (docs/lifecycle.md#busy-conversations).
+STRATEGIES = tuple(MultitaskStrategy.values)
 
 
 def comment(
@@ -60,6 +67,73 @@ def comment(
     announce(won)
     assert won.new_comment is not None  # a comment or message trigger records one
     return won.new_comment
+
+
+def send_to_task(
+    task_id: str,
+    content: str,
+    *,
+    strategy: str = MultitaskStrategy.REJECT,
+    author: Owner = None,
+    metadata: dict[str, Any] | None = None,
+    origin: str = "comment",
+    files: list[Any] | None = None,
+) -> Sent:
+    """Comment on a task, or post to its conversation (`origin="message"`), under `strategy`.
+
+    A task that can take it re-opens on a new run at once, whatever the strategy (`comment`).
+    A busy one refuses it under `reject`; otherwise it waits its turn, stops the current run
+    first, or steers it (docs/lifecycle.md#busy-tasks). A delegate task is its caller's to drive:
+    always refused.
+    """
+    check_strategy(strategy)
+    task = read(task_id)
+    refusal = (message_refusal if origin == "message" else comment_refusal)(task)
+    if refusal is None or strategy == MultitaskStrategy.REJECT or task.kind == DELEGATE:
+        refuse(refusal)
+        written = comment(
+            task_id, content, author=author, metadata=metadata, origin=origin, files=files
+        )
+        return Sent(written.task, written.task.run, comment=written)
+    agent = registry.get(task.agent)
+    fallback = agent.steer_fallback
+    if strategy == MultitaskStrategy.STEER and not agent.takes_steering:
+        strategy = fallback
+    try:
+        with transaction.atomic():
+            sent = store.send_to_busy_task(
+                task_id,
+                content,
+                strategy=strategy,
+                fallback=fallback,
+                origin=origin,
+                author_id=getattr(author, "pk", None),
+                metadata=metadata,
+                files=files,
+            )
+            if sent is not None and sent.comment is not None:
+                announce(sent.task)
+                launch_durable(sent.run.id)
+            if strategy == MultitaskStrategy.ROLLBACK or fallback == MultitaskStrategy.ROLLBACK:
+                from .recovery import forget_rolled_back  # recovery imports this module
+
+                transaction.on_commit(lambda: forget_rolled_back(task.conversation_id))
+    except ConversationBusy:
+        refuse((message_refusal if origin == "message" else comment_refusal)(read(task_id)))
+        raise
+    if sent is None:  # it finished meanwhile: the comment re-opens it now
+        written = comment(
+            task_id, content, author=author, metadata=metadata, origin=origin, files=files
+        )
+        return Sent(written.task, written.task.run, comment=written)
+    return sent
+
+
+def check_strategy(strategy: str) -> None:
+    """Refuse a multitask strategy that does not exist (InvalidField)."""
+    if strategy not in STRATEGIES:
+        names = ", ".join(STRATEGIES)
+        raise InvalidField(f"multitaskStrategy must be one of {names}", "multitaskStrategy")
 
 
 def waiting_on(task: Task) -> list[str]:

@@ -7,25 +7,16 @@ from django.db import transaction
 
 from .. import registry, store
 from ..conf import app_settings
-from ..exceptions import ConversationNotFound, InvalidField, RunNotFound, RunNotWaiting
+from ..exceptions import ConversationNotFound, RunNotFound, RunNotWaiting
 from ..models import Conversation, Event, File, Run, Task
 from ..states import MultitaskStrategy, RunStatus
 from ..store import files
 from ..store.steering import STEER
 from ..types import Owner
-from .answering import comment
+from .answering import check_strategy, send_to_task
 from .base import progress_line
 from .effects import launch_durable
 from .recovery import forget_rolled_back
-
-# The strategies a message to a conversation without a task can follow today.
-STRATEGIES = (
-    MultitaskStrategy.REJECT,
-    MultitaskStrategy.ENQUEUE,
-    MultitaskStrategy.INTERRUPT,
-    MultitaskStrategy.ROLLBACK,
-    MultitaskStrategy.STEER,
-)
 
 
 def record_progress(run_id: str, state: Any) -> None:
@@ -89,7 +80,7 @@ def post_message(
     """Start a run of a conversation's agent on a user message; return the run and the message.
 
     On a task's own conversation the message is a comment (origin "message") that re-opens the
-    task. `uploads` are checked against the agent's file policy, with the files the conversation
+    task, under the same strategies (`answering.send_to_task`). `uploads` are checked against the agent's file policy, with the files the conversation
     already has (files.FileRefused), and stored as the conversation's files with the message.
     `strategy` says what a busy conversation does with it (docs/lifecycle.md#busy-conversations):
     `reject` refuses it (ConversationBusy; TaskBusy for a delegate task's); `enqueue` gives it a
@@ -108,9 +99,9 @@ def post_message(
     task_id = (
         Task.objects.filter(conversation_id=conversation_id).values_list("id", flat=True).first()
     )
-    check_strategy(strategy, task_conversation=task_id is not None)
+    check_strategy(strategy)
     fallback: str = MultitaskStrategy.REJECT
-    if strategy == MultitaskStrategy.STEER:
+    if strategy == MultitaskStrategy.STEER and task_id is None:
         agent = registry.get(conversation.agent)
         fallback = agent.steer_fallback
         if not agent.takes_steering:
@@ -133,13 +124,22 @@ def post_message(
             if MultitaskStrategy.ROLLBACK in (strategy, fallback):  # the store may fall back
                 transaction.on_commit(lambda: forget_rolled_back(conversation_id))
         else:
-            message = comment(
-                task_id, content, author=author, metadata=metadata, origin="message", files=refs
+            sent = send_to_task(
+                task_id,
+                content,
+                strategy=strategy,
+                author=author,
+                metadata=metadata,
+                origin="message",
+                files=refs,
             )
-            run = Run.objects.get(pk=message.run_id)
-            event = Event.objects.get(
-                conversation_id=conversation_id, type="message.user", data__commentId=message.id
-            )
+            run, event = sent.run, sent.event
+            if sent.comment is not None and event is None:
+                event = Event.objects.get(
+                    conversation_id=conversation_id,
+                    type="message.user",
+                    data__commentId=sent.comment.id,
+                )
         if uploads:
             files.save(
                 uploads,
@@ -149,17 +149,6 @@ def post_message(
                 written=written,
             )
     return run, event
-
-
-def check_strategy(strategy: str, *, task_conversation: bool = False) -> None:
-    """Refuse a multitask strategy this write cannot follow (InvalidField)."""
-    allowed = [MultitaskStrategy.REJECT] if task_conversation else list(STRATEGIES)
-    if strategy not in allowed:
-        names = ", ".join(allowed)
-        where = "a task's conversation" if task_conversation else "a conversation"
-        raise InvalidField(
-            f"multitaskStrategy must be one of {names} on {where}", "multitaskStrategy"
-        )
 
 
 def cancel_waiting(run_id: str) -> Run:

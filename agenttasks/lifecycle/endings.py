@@ -54,6 +54,9 @@ def on_run_finished(
             return
         task = read(meta.task_id)
     run_id = outcome.run_id or task.run_id
+    # A run stopped at once reports `cancelled`: it may have been stopped for a newer message.
+    if outcome.status == OutcomeStatus.CANCELLED and _hand_over(task, run_id, outcome):
+        return
     if outcome.status == OutcomeStatus.PARKED:
         if _park(task, run_id, outcome):
             return
@@ -80,6 +83,22 @@ def on_run_finished(
         _finish(task, run_id, outcome)
     else:
         _finish_with_hook(read(task.id), run_id, outcome, hook)
+
+
+def _hand_over(task: Task, run_id: str, outcome: RunOutcome) -> bool:
+    """Move a task whose run was stopped for a newer message to that message's run; whether
+    this ending did (it loses when the task moved or ended meanwhile)."""
+    won = store.hand_over(task.id, run_id, outcome)
+    if won is None:
+        return False
+    announce(won)
+    if won.status == TaskStatus.PENDING:
+        launch_durable(won.run_id)
+    if Run.objects.filter(pk=run_id, status=RunStatus.ROLLED_BACK).exists():
+        from .recovery import forget_rolled_back  # recovery imports this module
+
+        forget_rolled_back(task.conversation_id)
+    return True
 
 
 def _ending(

@@ -23,7 +23,8 @@ from ..exceptions import ConversationNotFound, InvalidSchedule, ScheduleNotFound
 from ..models import Conversation, Schedule, ScheduleTick, Task
 from ..operations import metrics
 from ..states import MissedTicks, MultitaskStrategy, TickOutcome
-from .conversations import STRATEGIES, post_message
+from .answering import STRATEGIES
+from .conversations import post_message
 from .creation import create
 
 logger = logging.getLogger(__name__)

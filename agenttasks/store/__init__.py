@@ -11,12 +11,14 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.endings`: a run's ending and the finalize;
 - `store.delays`: runs that start later (an automatic retry, a parked run);
 - `store.runs`: conversations and their runs without a task;
+- `store.busy_tasks`: a newer message to a busy task (enqueue, interrupt, rollback, steer);
 - `store.sweeps`: the reaper's passes; `store.leases`: the heartbeat's;
 - `store.deletion`: deleting a conversation tree;
 - `store.debts`: wake-up debt, every change of a wake-up's state;
 - `store.limits`: the user's active-task limit and the parent's cap.
 """
 
+from .busy_tasks import hand_over, release_task_waiting, send_to_busy_task
 from .claims import claim, claim_many, set_priority
 from .debts import consume_wakeup, drop_wakeups, mark_delivered
 from .delays import park, retry_later
@@ -133,6 +135,9 @@ __all__ = [
     "retried",
     "retry_prompt",
     "release_waiting",
+    "release_task_waiting",
+    "send_to_busy_task",
+    "hand_over",
     "start_conversation_run",
     "take_steers",
     "stop_runs",

@@ -166,7 +166,7 @@ def record_end(log: Log, run: Run, outcome: RunOutcome, now: datetime) -> None:
         run.status = outcome.status if outcome.status in RUN_ENDED else RunStatus.COMPLETED
         run.error = outcome.error if run.status == RunStatus.FAILED else ""
         run_finished(log, run)
-    if run.status != RunStatus.PAUSED and run.task_id is None:
+    if run.status != RunStatus.PAUSED:
         leave_untaken(log, run, now)  # what was steered to it and never read is not lost
     run.save()
 

@@ -4,22 +4,26 @@ What the run wrote leaves every read of its conversation: its events (the messag
 it among them, so the transcript, `/messages`, the event log and its stream no longer show
 them), its approvals and questions, and the files that message brought. The run's row stays,
 `rolled_back`, with its usage, for operators and metrics. A wake-up run's notification stays:
-the results it carried are delivered, and not the person's words to take back. The tasks it
-spawned are the lifecycle's to delete (their trees stop first).
+the results it carried are delivered, and not the person's words to take back. A task's run
+keeps the task's input and its status changes; the comment that started it goes with its
+words. The tasks it spawned are the lifecycle's to delete (their trees stop first).
 """
 
 from datetime import datetime
 
-from ..models import Event, File, PendingAction, Run
+from ..models import Comment, Event, File, PendingAction, Run
 from ..states import RunStatus
 from .files import remove_stored
+
+# What a rolled-back run leaves: the results a wake-up carried, and a task's own history.
+KEPT = ("task.notification", "task.status")
 
 
 def roll_back(run: Run, now: datetime) -> None:
     """Forget what a locked run of a locked conversation wrote, and end it `rolled_back`."""
-    events = Event.objects.filter(conversation_id=run.conversation_id, run_id=run.id).exclude(
-        type="task.notification"
-    )
+    written = Event.objects.filter(conversation_id=run.conversation_id, run_id=run.id)
+    task_input = written.filter(type="message.user", data__origin="input").values("pk")
+    events = written.exclude(type__in=KEPT).exclude(pk__in=task_input)
     brought = [
         ref["id"]
         for data in events.filter(type="message.user").values_list("data", flat=True)
@@ -32,5 +36,6 @@ def roll_back(run: Run, now: datetime) -> None:
         files.delete()
     events.delete()
     PendingAction.objects.filter(run_id=run.id).delete()
+    Comment.objects.filter(run_id=run.id).delete()
     run.status, run.ended_at, run.error, run.message = RunStatus.ROLLED_BACK, now, "", None
     run.steers_taken = run.steers  # what was steered to it is forgotten with the rest

@@ -55,14 +55,16 @@ def leave_untaken(log: Log, run: Run, now: datetime) -> None:
     Interrupted for a newer message, it takes them into the transcript now (that message's run
     reads them); any other ending gives each a run of its own, waiting its turn.
     """
+    task_id = run.task_id or ""
     for event in _untaken(run):
         if run.stop_request == StopRequest.INTERRUPT:
             data = {**event.data, "steerId": event.id}
-            log.add(run.conversation_id, "message.user", data, run_id=run.id)
+            log.add(run.conversation_id, "message.user", data, run_id=run.id, task_id=task_id)
             continue
         data = {**event.data, "origin": "message"}
         Run.objects.create(
             conversation_id=run.conversation_id,
+            task_id=run.task_id,  # a task's waits to re-open it (store/busy_tasks.py)
             agent=run.agent,
             trigger=RunTrigger.MESSAGE,
             input=data.get("content", ""),

@@ -9,7 +9,7 @@ takes its candidates from a QuerySet here (`orphans`, `stale_queued`, `lapsed_ac
 from datetime import datetime, timedelta
 
 from django.db import connection, models, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from ..broker.listen import LISTENER_PREFIX
@@ -202,10 +202,14 @@ def owed_wakeups() -> models.QuerySet[Wakeup]:
 
 def conversations_owed() -> list[str]:
     """Return the conversations a pass wakes: those with pending wake-ups and an agent, and
-    those with a run waiting its turn and none active (its release was lost to a crash)."""
+    those with a run waiting its turn, or a task's ended run with steered messages it never
+    read, and none active (its release was lost to a crash)."""
     owed = set(owed_wakeups().values_list("conversation_id", flat=True).distinct()[:1000])
+    waits = Q(status=RunStatus.WAITING) | Q(
+        task__isnull=False, status__in=RUN_ENDED, steers__gt=F("steers_taken")
+    )
     waiting = (
-        Run.objects.filter(status=RunStatus.WAITING)
+        Run.objects.filter(waits)
         .exclude(conversation_id__in=Run.objects.active().values("conversation_id"))
         .values_list("conversation_id", flat=True)
         .distinct()[:1000]

@@ -15,7 +15,7 @@ from a2a.utils.errors import (
 )
 from django.utils import timezone
 
-from agenttasks.models import File, Task
+from agenttasks.models import Comment, File, PendingAction, Task
 
 from ..a2a_support import (  # noqa: F401  (fixtures)
     BINDINGS,
@@ -72,6 +72,31 @@ def test_approver_approved_and_denied(peer, cluster, binding):
     # A finished task takes no more messages: a refinement is a new task in the context.
     with pytest.raises(UnsupportedOperationError):
         client.send(text_message("again", task_id=second.id))
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_message_under_a_multitask_strategy_is_a_comment(peer, cluster, binding):
+    client = peer("approver", binding)
+    task = client.send(text_message("prod"))
+    (action,) = pending(task)
+    interrupt = text_message("staging", task_id=task.id)
+    interrupt.metadata.update({"agenttasks.multitaskStrategy": "interrupt"})
+    again = client.send(interrupt)  # the approval is cancelled; a newer run asks again
+    (newer,) = pending(again)
+    assert newer["id"] != action["id"]
+    assert PendingAction.objects.get(pk=action["id"]).status == "cancelled"
+    assert Comment.objects.get(task_id=task.id).content == "staging"
+    done = client.send(text_message(task_id=task.id, data={"approved": True}))
+    assert text_of(done.artifacts[0].parts) == "deployed to prod"
+    # A finished task takes a message under a strategy as a comment that re-opens it.
+    reopen = text_message("dev", task_id=task.id)
+    reopen.metadata.update({"agenttasks.multitaskStrategy": "enqueue"})
+    assert pending(client.send(reopen))[0]["id"] != newer["id"]
+    assert Comment.objects.filter(task_id=task.id).count() == 2
+    sideways = text_message("x", task_id=task.id)
+    sideways.metadata.update({"agenttasks.multitaskStrategy": "sideways"})
+    with pytest.raises(InvalidParamsError, match="multitaskStrategy must be one of"):
+        client.send(sideways)
 
 
 @pytest.mark.parametrize("binding", BINDINGS)

@@ -140,3 +140,37 @@ def test_rest_12_28_comment_on_failed_and_cancelled(as_alice, workers, gates):
     again = as_alice.post(f"/tasks/{held['id']}/comments", {"content": "resume"})
     assert again.status_code == 201
     assert (again.json()["task"]["status"], again.json()["task"]["attempt"]) == ("pending", 1)
+
+
+def test_a_comment_to_a_busy_task_follows_its_multitask_strategy(as_alice, workers):
+    workers.paused = True
+    task = as_alice.create()
+    path = f"/tasks/{task['id']}/comments"
+    refused = error(
+        as_alice.post(path, {"content": "x", "multitaskStrategy": "sideways"}),
+        400,
+        "VALIDATION_ERROR",
+        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer",
+    )
+    assert list(refused["details"]["fields"]) == ["multitaskStrategy"]
+    error(as_alice.post(path, {"content": "x", "multitaskStrategy": "reject"}), 409, "task_busy")
+    waiting = as_alice.post(path, {"content": "later", "multitaskStrategy": "enqueue"})
+    assert waiting.status_code == 202, waiting.content
+    body = waiting.json()
+    assert set(body) == {"task", "run"} and body["run"]["status"] == "waiting"
+    assert body["task"]["runId"] == task["runId"]  # the task keeps its run until that ends
+    # echo cannot be steered: its steer_fallback (enqueue) applies.
+    steered = as_alice.post(path, {"content": "last", "multitaskStrategy": "steer"})
+    assert steered.status_code == 202 and steered.json()["run"]["status"] == "waiting"
+    workers.paused = False
+    wait_for(
+        lambda: (
+            as_alice.get(f"/tasks/{task['id']}/result").json().get("result", {}).get("content")
+            == "Echo: last"
+        )
+    )
+    comments = as_alice.get(path).json()["comments"]
+    assert [c["content"] for c in comments] == ["later", "last"]
+    interrupted = as_alice.post(path, {"content": "again", "multitaskStrategy": "interrupt"})
+    assert interrupted.status_code == 201  # a task that ended takes it as a comment at once
+    assert interrupted.json()["comment"]["content"] == "again"

@@ -241,11 +241,11 @@ def test_a_busy_conversation_enqueues_a_message_when_asked(
         as_alice.post(path, {"message": "x", "multitaskStrategy": "sideways"}),
         400,
         "VALIDATION_ERROR",
-        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer on a conversation",
+        "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer",
     )
     assert refused["details"]["fields"] == {
         "multitaskStrategy": [
-            "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer on a conversation"
+            "multitaskStrategy must be one of reject, enqueue, interrupt, rollback, steer"
         ]
     }
     cancel = f"/conversations/{conversation['id']}/runs/{later[0]}/cancel"

@@ -70,6 +70,12 @@ class CommentCreatedSerializer(serializers.Serializer):
     task = TaskSerializer()
 
 
+class CommentAcceptedSerializer(serializers.Serializer):
+    task = TaskSerializer()
+    run = RunSerializer(help_text="The run the comment waits as, or the run it steered.")
+    message = MessageSerializer(required=False, help_text="The message.steer event of a steer.")
+
+
 class CommentListSerializer(serializers.Serializer):
     comments = CommentSerializer(many=True)
     total = serializers.IntegerField(min_value=0)

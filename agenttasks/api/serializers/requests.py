@@ -228,6 +228,12 @@ class CommentCreateSerializer(Body):
 
     content = Text(invalid=missing, code=missing_code)
     metadata = Metadata()
+    multitaskStrategy = String(
+        source="strategy",
+        required=False,
+        help_text="When the task is busy: reject (409, the default), enqueue, interrupt, "
+        "rollback or steer.",
+    )
 
 
 class CancelSerializer(Body):

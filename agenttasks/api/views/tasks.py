@@ -13,7 +13,7 @@ from ...conf import app_settings
 from ...delivery import callbacks
 from ...exceptions import TaskNotFound
 from ...models import Comment, Conversation, Run, Task, TaskResult
-from ...states import TERMINAL, TaskStatus
+from ...states import TERMINAL, MultitaskStrategy, TaskStatus
 from ...toolkit import caps, errors
 from ...toolkit.cursors import Keyset, keyset_page
 from ...toolkit.cursors import page_body as cursor_page_body
@@ -268,21 +268,38 @@ class TaskCommentsView(ApiView):
         tags=["Tasks"],
         summary="Comment on a task, re-opening it",
         request=s.CommentCreateSerializer,
-        parameters=[LOCATION, *keyed(201)],
-        responses={201: s.CommentCreatedSerializer, **refusals(400, 403, 404, 409, 415, 422)},
+        parameters=[LOCATION, *keyed(201, 202)],
+        responses={
+            201: s.CommentCreatedSerializer,
+            202: s.CommentAcceptedSerializer,
+            **refusals(400, 403, 404, 409, 415, 422),
+        },
     )
     @idempotent
     def post(self, request, taskId):
         task = self.task(taskId)
         data = s.CommentCreateSerializer.validated(self.body)
-        comment = lifecycle.comment(
-            task.id, data["content"], author=self.principal(), metadata=data["metadata"]
+        sent = lifecycle.send_to_task(
+            task.id,
+            data["content"],
+            strategy=data["strategy"] or MultitaskStrategy.REJECT,
+            author=self.principal(),
+            metadata=data["metadata"],
         )
+        if sent.comment is None:
+            # Waiting its turn, or steered to the run that is going (docs/rest.md#busy-tasks).
+            body = {
+                "task": s.TaskSerializer.present(sent.task),
+                "run": s.RunSerializer.present(sent.run),
+            }
+            if sent.event is not None:
+                body["message"] = s.MessageSerializer.present(sent.event)
+            return Response(body, status=202)
         return Response(
             {
-                "comment": s.CommentSerializer.present(comment),
+                "comment": s.CommentSerializer.present(sent.comment),
                 # The task as the comment left it (a worker may already be running it again).
-                "task": s.TaskSerializer.present(comment.task),
+                "task": s.TaskSerializer.present(sent.task),
             },
             status=201,
             headers={"Location": self.location()},
