@@ -8,6 +8,8 @@ HOST      ?= 127.0.0.1
 PORT      ?= 8000
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/agenttasks
 BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
+# setuptools warns about every editable install in ten lines nobody needs to act on.
+QUIET_BUILD := PYTHONWARNINGS=ignore::UserWarning
 
 .PHONY: install install-demo run test test-sqlite test-postgres lint typecheck docs fuzz bench clean
 
@@ -16,14 +18,14 @@ BENCH_URL   ?= postgres://postgres@127.0.0.1:5432/agenttasks_bench
 $(VENV)/.demo: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[postgres,a2a,mcp]"
+	$(QUIET_BUILD) $(PY) -m pip install -q -e ".[postgres,a2a,mcp]"
 	touch $@
 
 # The development tools too (pytest, ruff, playwright, schemathesis, uvicorn, mkdocs).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[postgres,redis,a2a,mcp]" --group dev
+	$(QUIET_BUILD) $(PY) -m pip install -q -e ".[postgres,redis,a2a,mcp]" --group dev
 	touch $@ $(VENV)/.demo
 
 install-demo: $(VENV)/.demo
@@ -45,7 +47,14 @@ typecheck: install
 
 # The docs site: offline (the built-in theme without its CDN, search that works from disk);
 # --strict fails on a link between pages that does not resolve.
-docs: install
+# Only MkDocs (the docs dependency group): the package is not reinstalled, which would reload a
+# running demo.
+$(VENV)/.docs: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --group docs
+	touch $@
+
+docs: $(VENV)/.docs
 	$(VENV)/bin/mkdocs build --strict
 
 test: install lint typecheck

@@ -140,6 +140,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
+        # DRF's defaults are session and Basic: `curl -u admin:admin` works, as the README says.
+        "rest_framework.authentication.BasicAuthentication",
     ],
     # The demo is reached directly, so no X-Forwarded-For is believed; behind n reverse proxies
     # set NUM_PROXIES=n (throttles then count the address the nearest proxy saw).

@@ -45,6 +45,13 @@ class Command(BaseCommand):
         if reason:
             self.stderr.write(reason)
             sys.exit(1)
+        try:
+            created = ensure_database()
+        except OSError as exc:
+            self.stderr.write(str(exc))
+            sys.exit(1)
+        if created:
+            self.stdout.write(f"Created the PostgreSQL database {created}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("demo_setup", host=host, port=port)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -67,6 +74,35 @@ class Command(BaseCommand):
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
             stop(children)
         sys.exit(code)
+
+
+def ensure_database() -> str | None:
+    """Create the demo's PostgreSQL database when it does not exist yet; return its name if
+    created. A server that cannot be reached is one line (OSError), not a retry loop."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        return None
+    import psycopg
+    from psycopg import sql
+
+    server = {
+        "host": db["HOST"] or None,
+        "port": db["PORT"] or None,
+        "user": db["USER"] or None,
+        "password": db["PASSWORD"] or None,
+        "connect_timeout": 5,
+    }
+    try:
+        psycopg.connect(dbname=db["NAME"], **server).close()
+        return None
+    except psycopg.OperationalError as exc:
+        if "does not exist" not in str(exc):
+            where = f"{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}"
+            reason = str(exc).strip().splitlines()[-1]
+            raise OSError(f"Cannot reach PostgreSQL at {where} (DATABASE_URL): {reason}") from None
+    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
+    return str(db["NAME"])
 
 
 def wait_any(children) -> int:
