@@ -52,5 +52,5 @@ def test_the_index_needs_no_user_but_shows_agents_only_to_one(anonymous):
 
 def test_the_home_page_link_works(anonymous):
     home = Client().get("/")
-    assert b'href="/api/agents/"' in home.content
-    assert Client().get("/api/agents/").status_code == 200
+    assert b'href="/api/agents/docs"' in home.content  # the Swagger UI, not raw JSON
+    assert Client().get("/api/agents/docs").status_code == 200
