@@ -143,7 +143,10 @@ def catalogue() -> list[dict]:
     """Return every tool, as tools/list describes it."""
     out = []
     for spec in tt.task_tools(None):
-        out.append(_entry(spec.name, spec.description, spec.parameters, ANNOTATIONS[spec.name]))
+        parameters = (
+            _served_spawn(spec.parameters) if spec.name == "spawn_task" else spec.parameters
+        )
+        out.append(_entry(spec.name, spec.description, parameters, ANNOTATIONS[spec.name]))
     out.append(_entry(ANSWER, ANSWER_DESCRIPTION, ANSWER_PARAMETERS, ANNOTATIONS[ANSWER]))
     for agent in served_agents():
         description = agent.does or f"Run the {agent.name} agent on an input"
@@ -152,6 +155,17 @@ def catalogue() -> list[dict]:
         entry["outputSchema"] = AGENT_OUTPUT
         out.append(entry)
     return out
+
+
+def _served_spawn(parameters: dict) -> dict:
+    """spawn_task's parameters as MCP serves them: a host has no current agent to default to, so
+    agent_name names one of the served agents."""
+    names = ", ".join(a.id for a in served_agents()) or "(none)"
+    agent_name = {
+        **parameters["properties"]["agent_name"],
+        "description": f"Agent to run the task with, one of: {names}",
+    }
+    return {**parameters, "properties": {**parameters["properties"], "agent_name": agent_name}}
 
 
 def _entry(name: str, description: str, parameters: dict, annotations: dict) -> dict:

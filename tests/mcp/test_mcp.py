@@ -45,8 +45,16 @@ def test_list_tools(host, mode):
     ours = {t.name: t for t in task_tools(None)}
     for name, spec in ours.items():  # the very tools our own models get
         assert tools[name].description == spec.description
-        assert tools[name].input_schema == spec.parameters
+        if name != "spawn_task":
+            assert tools[name].input_schema == spec.parameters
         assert tools[name].output_schema is None
+    # spawn_task as a host gets it: no current agent to fall back on, the served ones named.
+    agent_name = tools["spawn_task"].input_schema["properties"]["agent_name"]
+    assert "current agent" not in agent_name["description"]
+    assert agent_name["description"].startswith("Agent to run the task with, one of: ")
+    assert "echo" in agent_name["description"] and "private" not in agent_name["description"]
+    spawn_properties = tools["spawn_task"].input_schema["properties"]
+    assert set(spawn_properties) == set(ours["spawn_task"].parameters["properties"])
     assert tools["task_answer"].input_schema["required"] == ["action_id", "answer"]
     annotations = {name: tools[name].annotations for name in (*ours, "task_answer")}
     assert annotations["spawn_task"].read_only_hint is False
