@@ -150,6 +150,8 @@ class AppSettings:
     def _read(self, name: str) -> Any:
         raw = self.user_settings.get(name)
         default = DEFAULTS[name]
+        if name == "SCHEDULER_INTERVAL" and raw == 0:
+            return 0.0  # the workers leave the scheduler to django-q2's cluster (every 30 s)
         if name in NUMERIC_DEFAULTS:
             return _positive_number(raw, default)
         if name == "MAX_CONCURRENT_PER_PARENT":

@@ -22,9 +22,10 @@ def test_defaults():
 @pytest.mark.parametrize("key", sorted(NUMERIC_DEFAULTS))
 @pytest.mark.parametrize("value", [0, -1, None, "7"])
 def test_numeric_setting_at_or_below_zero_reads_as_default(key, value):
-    # lifecycle 7.9.16
+    # lifecycle 7.9.16; SCHEDULER_INTERVAL 0 is a choice: leave the scheduler to django-q2
+    expected = 0.0 if (key, value) == ("SCHEDULER_INTERVAL", 0) else NUMERIC_DEFAULTS[key]
     with override_settings(AGENTTASKS={key: value}):
-        assert getattr(app_settings, key) == NUMERIC_DEFAULTS[key]
+        assert getattr(app_settings, key) == expected
 
 
 @pytest.mark.parametrize("timeout", [None, 0, -5, "soon"])

@@ -23,7 +23,7 @@ from ..exceptions import (
     TaskNotFound,
 )
 from ..lifecycle import answers
-from ..models import Comment, PendingAction, Task
+from ..models import Comment, Conversation, PendingAction, Task
 from ..runtime import task_tools as tt
 from ..states import LIVE, TERMINAL, TaskKind, TaskStatus
 from ..toolkit import checks, errors
@@ -292,18 +292,34 @@ class TaskTools:
             return self.status(args)
         if name == ANSWER:
             return self.answer(args)
-        return from_tool(self.specs[name].run(args, self.tool_call_id))
+        try:
+            task = self.owned(args["task_id"])
+        except TaskError as exc:
+            return error_result(exc)
+        # The tool as bound to the session that spawned the task (maybe an earlier one).
+        spec = next(t for t in tt.task_tools(task.parent_conversation_id) if t.name == name)
+        return from_tool(spec.run(args, self.tool_call_id))
 
     def owned(self, task_id: str) -> Task:
-        """Return a task of the session's conversation; any other (another user's) does not exist."""
+        """Return a task of the caller's sessions; any other (another user's) does not exist."""
         task = (
             Task.objects.select_related("run")
-            .spawned_from(self.session.conversation_id)
+            .filter(parent_conversation_id__in=self.reachable())
+            .exclude(kind=TaskKind.DELEGATE)
             .named(task_id)
         )
         if task is None:
             raise TaskNotFound(task_id)
         return task
+
+    def reachable(self) -> Any:
+        """Return the conversations whose tasks the caller reaches by id: those of all its
+        sessions, so a host that opens a session per call finds its tasks again; the listing
+        stays the session's (docs/mcp.md#sessions). An anonymous caller reaches its session's."""
+        user = self.session.caller.user
+        if user is None:
+            return [self.session.conversation_id]
+        return Conversation.objects.filter(owner=user, agent="", hidden=True).values("id")
 
     def spawn(self, args: dict) -> dict:
         rest_checked(checks.text, args["input"], "input", required_message="input is required")
@@ -375,8 +391,7 @@ class TaskTools:
             except TaskNotFound:
                 pass
         waiting = Task.objects.select_related("run").filter(
-            parent_conversation_id=self.session.conversation_id,
-            status__in=LIVE,
+            parent_conversation_id__in=self.reachable(), status__in=LIVE
         )
         for task in waiting.exclude(kind=TaskKind.DELEGATE):
             if action.id in lifecycle.waiting_on(task):

@@ -301,6 +301,52 @@ def test_another_users_task_is_not_found_on_every_tool(host, alice, bob, cluster
     assert Task.objects.get(pk=asker_id).status == "waiting_for_input"
 
 
+def test_a_callers_tasks_are_reachable_by_id_from_its_next_session(host, cluster):
+    """A host that opens a session per call (2025-11-25) finds its tasks again by id."""
+    from agenttasks.models import PendingAction, Task
+
+    from ..conftest import wait_for
+    from ..mcp_support import card, text
+
+    async def spawn(client):
+        ids = []
+        for agent in ("echo", "asker"):
+            started = await client.call_tool(
+                "spawn_task", {"agent_name": agent, "input": "mine", "label": ""}
+            )
+            ids.append(card(started)["task_id"])
+        return ids
+
+    echo_id, asker_id = host("legacy").run(spawn)
+    wait_for(
+        lambda: Task.objects.get(pk=asker_id).status == "waiting_for_input",
+        timeout=30,
+        message="the asker waits",
+    )
+    action_id = PendingAction.objects.get(task_id=asker_id).id
+
+    async def later(client):
+        return [
+            await client.call_tool("task_status", {"task_id": echo_id, "wait_seconds": 10}),
+            await client.call_tool(
+                "task_answer", {"action_id": action_id, "answer": {"answers": {"q1": "PDF"}}}
+            ),
+            await client.call_tool("task_status", {"task_id": asker_id, "wait_seconds": 10}),
+            await client.call_tool("task_retry", {"task_id": echo_id}),
+            await client.call_tool("task_stop", {"task_id": echo_id, "graceful": False}),
+            await client.call_tool("task_status", {"task_id": "", "wait_seconds": 0}),
+        ]
+
+    echo, answered, asker, retry, stop, listing = host("legacy").run(later)
+    assert card(echo)["status"] == "completed", text(echo)
+    assert not answered.is_error, text(answered)
+    assert card(asker)["status"] == "completed" and card(asker)["result"] == "format: PDF"
+    # Found, and refused for what they are: echo completed, so there is nothing to resume or stop.
+    assert retry.is_error and "not found" not in text(retry), text(retry)
+    assert "not found" not in text(stop), text(stop)
+    assert text(listing) == "no tasks in this conversation"  # the listing stays per session
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_anonymous_calls_are_refused_as_rest_refuses_them(host, server, mode, settings):
     import httpx
