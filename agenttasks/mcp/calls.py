@@ -33,7 +33,7 @@ from ..lifecycle import answers
 from ..models import PendingAction, Task, TaskResult
 from ..runtime import task_tools as tt
 from ..runtime.base import release_connection
-from ..states import TERMINAL, TaskStatus
+from ..states import TERMINAL, RunStatus, TaskStatus
 from ..toolkit import caps, checks, errors
 from ..toolkit.streams import Follower
 from . import elicitation, protocol
@@ -323,7 +323,11 @@ class CallFollower(Follower):
             )
         )
         if not actions:
-            return [self._finish(self._waiting(task))]
+            if task.run.status == RunStatus.PAUSED:
+                # Read before an answer committed (its actions are settled now, its run about to
+                # be queued again), or waiting on children that have not asked yet: follow on.
+                return []
+            return [self._finish(self._waiting(task))]  # a legacy clarification: REST answers
         if self.declined & {a.id for a in actions}:
             return [self._finish(self._waiting(task, self.note))]
         if self.session.elicitation and self.session.modern:

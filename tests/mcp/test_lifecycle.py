@@ -1,6 +1,8 @@
 """A conversation with no agent behind it (an MCP client's): the lifecycle's rule for its tasks'
 wake-ups (docs/lifecycle.md#wake-up-debt-and-notifications), and `host_conversation`."""
 
+import json
+
 import pytest
 from django.contrib.admin.utils import quote
 
@@ -120,3 +122,29 @@ def test_a_result_file_is_a_resource_link():
     for version in ("2025-11-25", "2026-07-28"):  # valid on the wire of both versions
         shaped = protocol.shape("tools/call", version, over_http)
         assert shaped["content"][1]["type"] == "resource_link"
+
+
+def test_a_call_that_read_its_task_before_the_answer_committed_follows_on(
+    host, user, recording_queue
+):
+    """Issue: on SQLite an answered question ended the call early as a 'clarification': the call
+    read the task waiting, then its actions after the answer had settled them (two statements)."""
+    from agenttasks.mcp import protocol
+    from agenttasks.mcp.calls import CallFollower, Exchange
+    from agenttasks.mcp.sessions import Caller, Session
+
+    from ..fake_model import run_to_idle
+
+    info = lifecycle.spawn(host, "asker", "report", label="")
+    run_to_idle(recording_queue)
+    stale = Task.objects.select_related("run").get(pk=info.task_id)
+    assert (stale.status, stale.run.status) == ("waiting_for_input", "paused")
+    (action_id,) = lifecycle.waiting_on(stale)
+    lifecycle.resolve_action(action_id, {"answers": {"q1": "PDF"}})
+    session = Session(Caller(user), "2025-11-25", host.id, True, "token")
+    message = protocol.Message(kind=protocol.REQUEST, id=1, method="tools/call")
+    exchange = Exchange(session, message, frame=json.dumps, streaming=True)
+    follower = CallFollower(exchange, "asker", stale, after=0)
+    assert follower._input_needed(stale) == [] and not follower.done  # it follows on
+    run_to_idle(recording_queue)
+    assert "format: PDF" in follower.poll() and follower.done
