@@ -1,6 +1,7 @@
 """The demo's pages: the playground and its own sign-in page."""
 
 from django.contrib.auth.views import LoginView
+from django.db import connection
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
@@ -26,7 +27,8 @@ def home(request):
     """
     if not request.user.is_authenticated:
         return sign_in(request)
-    return render(request, "home.html")
+    # Pieces of a reply cross from the cluster's process to this one by NOTIFY only.
+    return render(request, "home.html", {"streams_deltas": connection.vendor == "postgresql"})
 
 
 # The tab icon of every page, the admin's too (browsers ask for /favicon.ico unless told).

@@ -87,3 +87,13 @@ def test_the_playgrounds_rest_api_link_opens_the_swagger_ui(client):
     assert href == "/api/agents/docs"
     docs = client.get(href)
     assert docs.status_code == 200 and docs["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.both
+@pytest.mark.django_db
+def test_the_playground_says_replies_stream_only_on_postgresql(client):
+    from django.db import connection
+
+    client.force_login(get_user_model().objects.create_user("watcher", password="secret"))
+    page = client.get("/").content.decode()
+    assert ('id="streaming-note"' in page) == (connection.vendor != "postgresql")
