@@ -174,3 +174,20 @@ def test_a_comment_to_a_busy_task_follows_its_multitask_strategy(as_alice, worke
     interrupted = as_alice.post(path, {"content": "again", "multitaskStrategy": "interrupt"})
     assert interrupted.status_code == 201  # a task that ended takes it as a comment at once
     assert interrupted.json()["comment"]["content"] == "again"
+
+
+def test_a_comment_and_a_message_each_take_the_others_spelling(as_alice, workers):
+    task = as_alice.create()
+    as_alice.wait_status(task["id"], "completed")
+    comment = as_alice.post(f"/tasks/{task['id']}/comments", {"message": "spelled as a message"})
+    assert comment.status_code == 201, comment.content
+    assert comment.json()["comment"]["content"] == "spelled as a message"
+    as_alice.wait_status(task["id"], "completed")
+    conversation = task["conversationId"]
+    posted = as_alice.post(f"/conversations/{conversation}/messages", {"content": "as a comment"})
+    assert posted.status_code == 202, posted.content
+    assert posted.json()["message"]["content"] == "as a comment"
+    # The own spelling wins when both are sent.
+    as_alice.wait_status(task["id"], "completed")
+    both = as_alice.post(f"/tasks/{task['id']}/comments", {"content": "own", "message": "other"})
+    assert both.json()["comment"]["content"] == "own"

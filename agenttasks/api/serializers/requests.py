@@ -178,12 +178,17 @@ class Body(serializers.Serializer):
     missing = ""
     missing_code = "VALIDATION_ERROR"
     partial = False
+    # Another spelling a field is read by when the body lacks its own (docs/versioning.md).
+    aliases: dict[str, str] = {}
 
     def to_internal_value(self, data):
         return self.check(data if isinstance(data, dict) else {})
 
     def check(self, data: dict) -> dict:
         fields: dict[str, Any] = self._declared_fields
+        for alias, name in self.aliases.items():
+            if name not in data and alias in data:
+                data = {**data, name: data[alias]}
         missing = [k for k, f in fields.items() if f.required and blank(data.get(k))]
         if missing:
             if self.missing_code == "VALIDATION_ERROR":
@@ -225,6 +230,7 @@ class TaskCreateSerializer(Body):
 
 class CommentCreateSerializer(Body):
     missing, missing_code = "content is required", "INVALID_REQUEST"
+    aliases = {"message": "content"}  # as a message is written
 
     content = Text(invalid=missing, code=missing_code)
     metadata = Metadata()
@@ -263,6 +269,7 @@ class ConversationUpdateSerializer(Body):
 
 class MessageCreateSerializer(Body):
     missing = "message is required"
+    aliases = {"content": "message"}  # as a comment is written, and as a Message reads
 
     message = Text(invalid=missing)
     stream = Refused(
