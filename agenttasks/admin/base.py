@@ -6,8 +6,9 @@ from datetime import timedelta
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import dateformat, timezone
 from django.utils.html import format_html
+from django.utils.timesince import timesince
 
 from ..conf import app_settings
 from ..states import RunStatus, TaskKind
@@ -76,6 +77,39 @@ def human_duration(seconds: float | None) -> str:
     return f"{hours // 24} d {hours % 24} h"
 
 
+def _local(value):
+    """An instant in the current time zone (as it is where the site keeps naive datetimes)."""
+    return timezone.localtime(value) if timezone.is_aware(value) else value
+
+
+def when(value, now=None):
+    """Render an instant on one line: 'Dec 4, 14:03:21' this year, 'Dec 4 2025, 14:03' before;
+    the full timestamp is the title (hover) and the element's datetime. '—' for none."""
+    if value is None:
+        return "—"
+    local, now = _local(value), _local(now or timezone.now())
+    shown = "M j, H:i:s" if local.year == now.year else "M j Y, H:i"
+    return format_html(
+        '<time class="at-date" datetime="{}" title="{}">{}</time>',
+        local.isoformat(timespec="seconds"),
+        dateformat.format(local, "Y-m-d H:i:s T" if timezone.is_aware(local) else "Y-m-d H:i:s"),
+        dateformat.format(local, shown),
+    )
+
+
+def ago(value, now=None):
+    """Say how long ago an instant was, in its largest unit ('3 hours ago'); under a minute (or
+    ahead of this clock) 'just now', where Django's timesince says '0 minutes'."""
+    if value is None:
+        return "—"
+    now = now or timezone.now()
+    if (now - value).total_seconds() < 60:
+        text = "just now"
+    else:
+        text = f"{timesince(value, now, depth=1)} ago"
+    return format_html('<span title="{}">{}</span>', value.isoformat(timespec="seconds"), text)
+
+
 def pretty_json(value) -> str:
     """Indent a JSON value for a <pre> block."""
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
@@ -111,10 +145,14 @@ def usage_text(usage: dict | None) -> str:
 
 
 def run_rows(runs) -> list[dict]:
-    """Return runs with their duration, lease and usage, ready for the runs table."""
+    """Return runs with their dates, duration, lease and usage, ready for the runs table."""
+    now = timezone.now()
     return [
         {
             "run": run,
+            "started": when(run.started_at, now),
+            "heartbeat": when(run.heartbeat_at, now),
+            "ended": when(run.ended_at, now),
             "duration": human_duration(seconds_between(run.started_at, run.ended_at)),
             "lease": lease(run),
             "usage": usage_text(run.usage),
@@ -133,8 +171,13 @@ def total_usage(runs) -> str:
 
 
 def with_json(actions):
-    """Attach pretty JSON of each action's arguments and resolution for the templates."""
+    """Attach what the templates show of each action: pretty JSON of its arguments and
+    resolution, and its dates (asked, decided, expires) on one line each."""
+    now = timezone.now()
     for action in actions:
+        action.asked = when(action.created_at, now)
+        action.decided = when(action.decided_at, now)
+        action.expires = when(action.deadline, now)
         action.args_json = pretty_json(action.args) if action.args else ""
         action.resolution_json = pretty_json(action.resolution) if action.resolution else ""
     return actions

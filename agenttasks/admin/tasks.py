@@ -13,16 +13,16 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.timesince import timesince
 
 from .. import lifecycle
 from ..models import File, PendingAction, Run, Task, TaskResult
-from ..states import LIVE, ActionKind, ActionStatus, RunStatus
+from ..states import LIVE, ActionKind, ActionStatus, RunStatus, TaskKind
 from . import live, operations, overview, timeline, tree
 from .base import (
     DELEGATE,
     ReadOnlyAdmin,
     admin_url,
+    ago,
     badge,
     human_duration,
     link,
@@ -32,6 +32,7 @@ from .base import (
     seconds_between,
     total_usage,
     usage_text,
+    when,
     with_json,
 )
 
@@ -128,6 +129,32 @@ class OriginFilter(admin.SimpleListFilter):
         return queryset
 
 
+class KindFilter(admin.SimpleListFilter):
+    """The kinds of the tasks there are (plain, delegate, the site's own), shown only when there
+    are two or more to choose from: with a single kind the filter would offer nothing but "All"."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request, model_admin):
+        kinds = (
+            model_admin.get_queryset(request)
+            .order_by("kind")
+            .values_list("kind", flat=True)
+            .distinct()
+        )
+        labels = dict(TaskKind.choices)
+        return [(kind, labels.get(kind, kind)) for kind in kinds]
+
+    def has_output(self):
+        return len(self.lookup_choices) > 1
+
+    def queryset(self, request, queryset):
+        if self.value() is None:
+            return queryset
+        return queryset.filter(kind=self.value())
+
+
 def _bulk_action(name: str):
     op = OPERATIONS[name]
 
@@ -147,7 +174,7 @@ class TaskAdmin(ReadOnlyAdmin):
     list_filter = (
         "status",
         "agent",
-        "kind",
+        KindFilter,
         OriginFilter,
         ("owner", admin.RelatedOnlyFieldListFilter),
         "created_at",
@@ -182,11 +209,7 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, task):
-        return format_html(
-            '<span title="{}">{} ago</span>',
-            task.updated_at.isoformat(timespec="seconds"),
-            timesince(task.updated_at, depth=1),
-        )
+        return ago(task.updated_at)
 
     @admin.display(description="progress")
     def progress(self, task):
@@ -382,7 +405,7 @@ class TaskAdmin(ReadOnlyAdmin):
             ("Priority", task.priority),
             (
                 "Starts at",
-                run.not_before
+                when(run.not_before)
                 if run.status == RunStatus.QUEUED
                 and run.not_before
                 and run.not_before > timezone.now()
@@ -407,10 +430,10 @@ class TaskAdmin(ReadOnlyAdmin):
             ("Continuations", task.continuations),
             ("Stop reason", task.stop_reason or "—"),
             ("Callback URL", task.callback_url or "—"),
-            ("Created", task.created_at),
-            ("Updated", task.updated_at),
-            ("Started", task.started_at or "—"),
-            ("Finished", task.finished_at or "—"),
+            ("Created", when(task.created_at)),
+            ("Updated", when(task.updated_at)),
+            ("Started", when(task.started_at)),
+            ("Finished", when(task.finished_at)),
             ("Duration", human_duration(seconds_between(task.started_at, task.finished_at))),
         ]
         return rows

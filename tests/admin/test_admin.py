@@ -1,5 +1,6 @@
 """The operator admin: every page, every action, permissions, and pinned query counts."""
 
+import re
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -11,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agenttasks import lifecycle, store
+from agenttasks.admin.base import ago, when
 from agenttasks.flow import budgets
 from agenttasks.models import Conversation, Event, File, PendingAction, Run, Task, Wakeup
 from agenttasks.runtime.base import normalize_questions
@@ -187,6 +189,54 @@ def test_changelist_query_count_is_pinned(admin_client, admin_user, django_asser
     assert len(response.context["cl"].result_list) == 12
 
 
+def test_a_task_updated_seconds_ago_was_updated_just_now(admin_client, admin_user):
+    """Django's timesince says '0 minutes' under a minute: the list says 'just now'."""
+    TaskFactory(owner=admin_user, label="fresh")
+    old = TaskFactory(owner=admin_user, label="old")
+    Task.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(hours=3, seconds=5))
+    html = admin_client.get(url("task_changelist")).content.decode()
+    updated = re.findall(r'<td class="field-updated"><span title="[^"]+">([^<]*)</span>', html)
+    # timesince puts a no-break space between the number and its unit.
+    assert sorted(updated) == ["3\xa0hours ago", "just now"] and "0\xa0minutes" not in html
+
+
+def test_ago_and_when_read_briefly(settings):
+    settings.TIME_ZONE = "UTC"
+    now = timezone.now().replace(month=12, day=4, hour=14, minute=3, second=21, microsecond=0)
+    assert str(ago(now - timedelta(seconds=59), now)).endswith(">just now</span>")
+    assert str(ago(now + timedelta(seconds=5), now)).endswith(">just now</span>")  # clock skew
+    assert str(ago(now - timedelta(seconds=61), now)).endswith(">1\xa0minute ago</span>")
+    assert str(ago(now - timedelta(days=2, hours=5), now)).endswith(">2\xa0days ago</span>")
+    this_year = str(when(now, now))
+    assert this_year.startswith('<time class="at-date" datetime="')
+    assert f'title="{now.year}-12-04 14:03:21 UTC">Dec 4, 14:03:21</time>' in this_year
+    last_year = str(when(now.replace(year=now.year - 1), now))
+    assert f">Dec 4 {now.year - 1}, 14:03</time>" in last_year
+    assert when(None) == ago(None) == "—"
+
+
+def test_the_kind_filter_is_shown_only_with_two_kinds_or_more(admin_client, admin_user):
+    """With one kind of task the filter would offer "All" alone (issue: a 'By kind' with only
+    'All'); with two it lists the kinds there are, plain (no kind) included."""
+
+    def kind_filter():
+        response = admin_client.get(url("task_changelist"))
+        shown = [f for f in response.context["cl"].filter_specs if f.title == "kind"]
+        return response.content.decode(), [f for f in shown if f.has_output()]
+
+    TaskFactory(owner=admin_user, label="plain one")
+    html, shown = kind_filter()
+    assert shown == [] and "By kind" not in html
+    TaskFactory(owner=admin_user, label="a job", kind="job")
+    html, (spec,) = kind_filter()
+    assert "By kind" in html and spec.lookup_choices == [("", "plain"), ("job", "job")]
+    assert "?kind=job" in html and "?kind=" in html
+    plain = admin_client.get(url("task_changelist") + "?kind=")
+    assert [t.label for t in plain.context["cl"].result_list] == ["plain one"]
+    jobs = admin_client.get(url("task_changelist") + "?kind=job")
+    assert [t.label for t in jobs.context["cl"].result_list] == ["a job"]
+
+
 def test_viewing_needs_view_task(client):
     client.force_login(staff("nobody"))
     task = TaskFactory()
@@ -337,6 +387,30 @@ def test_detail_shows_fields_runs_timeline_comments_result_and_tree(admin_client
     assert url("task_change", a.pk) in tree and url("task_change", c.pk) in tree
     assert "delegated to" in tree
     assert "notes.txt" in html
+
+
+def test_the_task_page_tables_scroll_and_show_dates_on_one_line(admin_client, admin_user, settings):
+    """Issue: at 1280 pixels the Runs and Approvals tables overflowed their column and dates
+    wrapped to four lines. Six columns each, in a sideways-scrolling box, dates 'Mar 7, 09:05:02'
+    (the full timestamp in the title), the error of a run on a row of its own."""
+    settings.TIME_ZONE = "UTC"
+    _, _, b, _ = rich(admin_user)
+    at = timezone.now().replace(month=3, day=7, hour=9, minute=5, second=2, microsecond=0)
+    Run.objects.filter(task=b).update(
+        started_at=at, heartbeat_at=at, ended_at=at + timedelta(seconds=90)
+    )
+    PendingAction.objects.filter(task=b).update(created_at=at, decided_at=at)
+    html = admin_client.get(url("task_change", b.pk)).content.decode()
+    runs = html[html.index('id="runs"') : html.index('id="actions"')]
+    actions = html[html.index('id="actions"') : html.index('id="comments"')]
+    for table in (runs, actions):
+        assert '<div class="at-scroll">' in table and table.count("<th>") == 6
+        assert f'title="{at.year}-03-07 09:05:02 UTC">Mar 7, 09:05:02</time>' in table
+        assert "a.m." not in table and "p.m." not in table
+    assert ">Mar 7, 09:06:32</time>" in runs and "1 min 30 s" in runs  # ended, and the duration
+    assert '<td colspan="6"><div class="at-text"><strong>Error:</strong> first try failed' in runs
+    assert "attempt 1 · initial" in runs and f"by {admin_user}" in actions
+    assert url("run_change", b.run_id) in actions
 
 
 def test_detail_query_count_is_pinned(admin_client, admin_user, django_assert_num_queries):

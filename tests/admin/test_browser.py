@@ -230,3 +230,98 @@ def test_the_task_list_fits_1280_pixels_with_what_an_operator_reads_first(live_s
     row = page.locator("#result_list tbody tr", has_text="child of a conversation")
     assert spawned.task_id in row.inner_text()
     assert row.locator(f"a[href*='{quote(root.id)}']").count() == 1  # the parent, one click away
+
+
+def busy_task(operator) -> Task:
+    """A task with the runs and approvals a long-lived task collects: retries, a wake-up, a
+    running run with its lease, usage, errors, and approvals decided, pending and expired."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agenttasks.models import PendingAction
+
+    from ..factories import RunFactory, TaskFactory
+
+    task = TaskFactory(owner=operator, agent="researcher", status="running", attempt=2)
+    now = timezone.now()
+    worker = "agent-worker-7d9f8c6b5-x2kqz:48213"
+    Run.objects.filter(pk=task.run_id).update(worker=worker, attempt=2, trigger="retry")
+    for status, trigger, error in (
+        ("failed", "initial", "RateLimitError: 429 Too Many Requests from the provider"),
+        ("completed", "wakeup", ""),
+        ("cancelled", "comment", ""),
+    ):
+        RunFactory(
+            conversation=task.conversation,
+            task=task,
+            status=status,
+            trigger=trigger,
+            worker=worker,
+            error=error,
+            started_at=now - timedelta(hours=3),
+            heartbeat_at=now - timedelta(hours=2, minutes=59),
+            ended_at=now - timedelta(hours=2, minutes=58),
+            usage_known=True,
+            prompt_tokens=123456,
+            completion_tokens=7890,
+            total_tokens=131346,
+        )
+    run = Run.objects.get(pk=task.run_id)
+    for status, call in (
+        ("approved", "c1"),
+        ("denied", "c2"),
+        ("expired", "c3"),
+        ("pending", "c4"),
+    ):
+        PendingAction.objects.create(
+            conversation=task.conversation,
+            run=run,
+            task=task,
+            kind="approval",
+            tool_name="deploy_to_production",
+            tool_call_id=call,
+            args={"env": "prod"},
+            status=status,
+            resolution={"comment": "ship it"} if status == "approved" else None,
+            decided_by=operator if status in ("approved", "denied") else None,
+            decided_at=now if status != "pending" else None,
+        )
+    return task
+
+
+def test_the_task_page_fits_1280_pixels(live_server, browser):
+    """The Runs and Approvals tables fit their column, and a date is one line (issue: 948 and
+    926 pixels in a 901-pixel column, dates on four lines)."""
+    operator = get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password")
+    task = busy_task(operator)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(20_000)
+    page.route("**/live/", lambda route: route.abort())  # a still page: no stream to end
+    page.goto(f"{live_server.url}/admin/login/?next={admin_path('task_change', task.pk)}")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "ops-password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#runs table")
+    widths = page.evaluate(
+        """() => {
+          const size = (id) => {
+            const table = document.querySelector(`#${id} table`);
+            return {table: table.getBoundingClientRect().width,
+                    box: document.querySelector(`#${id}`).clientWidth};
+          };
+          // An inline element has one box per line it takes.
+          const lines = [...document.querySelectorAll('#runs .at-date, #actions .at-date')]
+            .map(date => date.getClientRects().length);
+          return {page: document.documentElement.scrollWidth, runs: size('runs'),
+                  actions: size('actions'), lines};
+        }"""
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "admin-task-page-1280.png", full_page=True)
+    assert widths["page"] <= 1280, widths
+    for part in ("runs", "actions"):
+        assert widths[part]["table"] <= widths[part]["box"], widths
+    # Started, heartbeat and ended of three runs, started and heartbeat of the running one; four
+    # actions asked, three decided: each date on one line.
+    assert len(widths["lines"]) == 3 * 3 + 2 + 4 + 3 and set(widths["lines"]) == {1}, widths
