@@ -60,6 +60,6 @@ class AgentTasksConfig(AppConfig):
         from .a2a import available
 
         if available():
-            from .a2a import push
+            from .a2a import notify
 
-            push.connect()
+            notify.connect()

@@ -19,6 +19,7 @@ import inprocess
 import latency
 import list_scale
 import memory
+import startup
 import statements
 from common import setup_django
 
@@ -140,6 +141,17 @@ def main() -> None:
         else (2_000, 30, 1_000_000, 10_000, 500, 1_000)
     )
     rows: list[tuple[str, str, str, str]] = []
+
+    started = startup.imports(3 if args.quick else 7)
+    rows.append(
+        (
+            "P10 start-up: manage.py check, imports of agenttasks and its surfaces",
+            f"{started['ours_ms']:.0f} ms",
+            f"all imports {started['every_ms']:.0f} ms",
+            "goal < 1000 ms",
+        )
+    )
+    print_table(rows)
 
     rows.extend(limit_rows(flying))
     print_table(rows)

@@ -97,3 +97,30 @@ def test_the_playground_says_replies_stream_only_on_postgresql(client):
     client.force_login(get_user_model().objects.create_user("watcher", password="secret"))
     page = client.get("/").content.decode()
     assert ('id="streaming-note"' in page) == (connection.vendor != "postgresql")
+
+
+def test_loading_the_urls_imports_no_surface_until_its_first_request():
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, django; django.setup()\n"
+        "from django.urls import resolve\n"
+        "from django.test import Client\n"
+        "mcp = resolve('/api/agents/mcp').url_name\n"
+        "card = resolve('/api/agents/a2a/echo/.well-known/agent-card.json').url_name\n"
+        "print(mcp, card, 'mcp_types' in sys.modules, 'a2a' in sys.modules)\n"
+        "Client().get('/api/agents/a2a/echo/.well-known/agent-card.json')\n"
+        "print('a2a' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["mcp", "a2a-card", "False", "False", "True"]

@@ -9,11 +9,10 @@ Messages are parsed and built with the official SDK (`a2a-sdk`, the `a2a` extra)
 itself and its models import without it, so a site that does not install the extra still loads.
 """
 
+from ..toolkit.lazy import installed
+
 
 def available() -> bool:
-    """Say whether the a2a-sdk (the `a2a` extra) is installed."""
-    try:
-        import a2a.types.a2a_pb2  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Say whether the a2a-sdk (the `a2a` extra) is installed (without importing it: it loads
+    with the first A2A request)."""
+    return installed("a2a")

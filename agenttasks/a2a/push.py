@@ -24,14 +24,12 @@ from a2a.utils.constants import A2A_JSON_MEDIA_TYPE
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf import json_format
 
-from .. import __version__, signals, store
-from ..broker import queue
+from .. import __version__, store
 from ..conf import app_settings
 from ..delivery import callbacks, lanes
 from ..delivery import outbox as deliveries
 from ..exceptions import ConversationNotFound
 from ..models import A2APushConfig, Task
-from ..states import NOTIFIED
 from . import mapping
 
 logger = logging.getLogger(__name__)
@@ -103,25 +101,6 @@ def present(row: A2APushConfig) -> pb.TaskPushNotificationConfig:
 
 
 # --- scheduling --------------------------------------------------------------------------------
-
-
-def on_task_updated(sender, task=None, **kwargs) -> None:
-    """Queue one delivery per config of a task that entered a notified state."""
-    if task is None or task.status not in NOTIFIED:
-        return
-    try:
-        config_ids = list(
-            A2APushConfig.objects.filter(task_id=task.id).values_list("pk", flat=True)
-        )
-    except Exception:
-        logger.exception("a2a.push_lookup_failed task=%s", task.id)
-        return
-    for pk in config_ids:
-        queue.enqueue_job(deliveries.PUSH_JOB, pk, task.status, task.version)
-
-
-def connect() -> None:
-    signals.task_updated.connect(on_task_updated, dispatch_uid="agenttasks.a2a.push")
 
 
 # --- delivery ----------------------------------------------------------------------------------

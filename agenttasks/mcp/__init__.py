@@ -9,11 +9,10 @@ through the lifecycle. Protocol 2025-11-25 (the `initialize` handshake, sessions
 imports without the extra, so a site that does not install it still loads.
 """
 
+from ..toolkit.lazy import installed
+
 
 def available() -> bool:
-    """Say whether mcp-types (the `mcp` extra) is installed."""
-    try:
-        import mcp_types.methods  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Say whether mcp-types (the `mcp` extra) is installed (without importing it: it loads with
+    the first MCP request)."""
+    return installed("mcp_types")

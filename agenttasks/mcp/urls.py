@@ -2,6 +2,7 @@
 
 from django.urls import re_path
 
-from .views import McpView
+from ..toolkit import lazy
 
-urlpatterns = [re_path(r"^mcp/?$", McpView.as_view(), name="mcp")]
+# The view, and MCP's wire types with it, load with the first MCP request.
+urlpatterns = [re_path(r"^mcp/?$", lazy.view("agenttasks.mcp.views", "McpView"), name="mcp")]
