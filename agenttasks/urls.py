@@ -10,6 +10,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .a2a import available as a2a_available
 from .api import urls as rest
+from .langgraph.urls import urlpatterns as langgraph_patterns
 from .mcp import available as mcp_available
 from .toolkit import errors
 
@@ -22,7 +23,7 @@ def route_not_found(request, *args, **kwargs) -> HttpResponse:
     return errors.json_error(errors.route_not_found(request))
 
 
-urlpatterns = list(rest.urlpatterns)
+urlpatterns = list(rest.urlpatterns) + langgraph_patterns  # LangGraph's API (docs/langgraph.md)
 if a2a_available():  # the A2A servers, with the `a2a` extra installed
     from .a2a.urls import urlpatterns as a2a_patterns
 

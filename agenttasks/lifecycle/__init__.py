@@ -32,12 +32,15 @@ from .answering import (
 )
 from .base import agent_name, conversation_id_of, info, progress_line
 from .conversations import (
+    adopt_agent,
     cancel_waiting,
     create_conversation,
     host_conversation,
     post_message,
     record_progress,
+    stop_run,
     update_conversation,
+    wait_for_run,
 )
 from .creation import create, delegate, spawn
 from .effects import announce, resume_if_settled
@@ -80,6 +83,9 @@ __all__ = [
     "on_run_finished",
     "post_message",
     "cancel_waiting",
+    "adopt_agent",
+    "stop_run",
+    "wait_for_run",
     "progress_line",
     "record_progress",
     "recover",

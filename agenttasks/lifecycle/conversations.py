@@ -1,15 +1,18 @@
 """Conversations and the messages that start their runs, and progress reported by site code."""
 
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from django.db import transaction
 
 from .. import registry, store
+from ..broker.listen import conversation_key, hub
 from ..conf import app_settings
+from ..delivery import wakeups
 from ..exceptions import ConversationNotFound, RunNotFound, RunNotWaiting
 from ..models import Conversation, Event, File, Run, Task
-from ..states import MultitaskStrategy, RunStatus
+from ..states import RUN_ENDED, MultitaskStrategy, RunStatus, StopRequest
 from ..store import files
 from ..store.steering import STEER
 from ..types import Owner
@@ -36,8 +39,12 @@ def _with_progress(run: Run, state: Any) -> Run:
 def create_conversation(
     *, owner: Owner, agent_id: str, title: str = "", metadata: dict[str, Any] | None = None
 ) -> Conversation:
-    """Create a visible conversation of an agent; its first message starts a run."""
-    registry.get(agent_id)
+    """Create a visible conversation of an agent; its first message starts a run.
+
+    `agent_id=""` leaves the agent to its first run (`adopt_agent`: a LangGraph thread).
+    """
+    if agent_id:
+        registry.get(agent_id)
     return store.create_conversation(owner=owner, agent=agent_id, title=title, metadata=metadata)
 
 
@@ -161,3 +168,43 @@ def cancel_waiting(run_id: str) -> Run:
     if run is None:
         raise RunNotWaiting(run_id)
     return run
+
+
+def adopt_agent(conversation_id: str, agent_id: str) -> Conversation:
+    """Give a conversation created without an agent the agent of its first run (its metadata
+    gains `graph_id`); InvalidField when it has another agent already."""
+    registry.get(agent_id)
+    return store.adopt_agent(conversation_id, agent_id)
+
+
+def stop_run(run_id: str, *, rollback: bool = False) -> Run | None:
+    """Stop one unfinished run of a conversation without a task, as a newer message's
+    `interrupt` (or `rollback`) stops it (docs/lifecycle.md#busy-conversations); None when it
+    had ended. What waits behind it starts when it has ended."""
+    request = StopRequest.ROLLBACK if rollback else StopRequest.INTERRUPT
+    with transaction.atomic():
+        run = store.stop_run(run_id, request)
+        if run is not None:
+            conversation_id = run.conversation_id
+            if rollback:
+                transaction.on_commit(lambda: forget_rolled_back(conversation_id))
+            if run.status in RUN_ENDED:
+                wakeups.schedule_delivery(conversation_id)
+    return run
+
+
+def wait_for_run(run_id: str, *, wait: float, settled: Collection[str]) -> Run:
+    """Return the run once its status is in `settled`, or when `wait` seconds have passed
+    (RunNotFound for an unknown one)."""
+    deadline = time.monotonic() + max(float(wait), 0.0)
+    row = Run.objects.filter(pk=run_id).only("conversation_id").first()
+    if row is None:
+        raise RunNotFound(run_id)
+    with hub.subscribe(conversation_key(row.conversation_id)) as woken:
+        while True:
+            woken.clear()
+            run = Run.objects.get(pk=run_id)
+            left = deadline - time.monotonic()
+            if run.status in settled or left <= 0:
+                return run
+            woken.wait(min(left, 0.5))

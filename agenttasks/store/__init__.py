@@ -36,6 +36,7 @@ from .leases import Leases
 from .limits import active_count, check_active_limit, live_count, lock_principal
 from .locking import Log, lock_conversation, lock_task, retried
 from .runs import (
+    adopt_agent,
     answer_conversation_run,
     cancel_waiting,
     conversation_busy,
@@ -46,6 +47,7 @@ from .runs import (
     release_waiting,
     resume_paused,
     start_conversation_run,
+    stop_run,
     update_conversation,
     wake_conversation,
 )
@@ -135,6 +137,8 @@ __all__ = [
     "retried",
     "retry_prompt",
     "release_waiting",
+    "adopt_agent",
+    "stop_run",
     "release_task_waiting",
     "send_to_busy_task",
     "hand_over",

@@ -9,10 +9,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .. import ids
-from ..exceptions import ConversationBusy, ConversationNotFound
+from ..exceptions import ConversationBusy, ConversationNotFound, InvalidField
 from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
 from ..models.action import PendingActionQuerySet
 from ..states import (
+    RUN_UNFINISHED,
     ActionStatus,
     MultitaskStrategy,
     RunStatus,
@@ -208,19 +209,65 @@ def stop_for_newer(log: Log, conversation_id: str, request: str, now: Any) -> No
         .order_by("created_at", "id")
     )
     for run in runs:
-        if run.status == RunStatus.WAITING:
-            run.status, run.ended_at, run.message = RunStatus.CANCELLED, now, None
-        elif run.status == RunStatus.RUNNING:
-            run.stop_request = request
-        elif request == StopRequest.ROLLBACK:
-            run.stop_request = request
-            roll_back(run, now)
-        else:
-            run.status, run.ended_at, run.stop_request = RunStatus.INTERRUPTED, now, request
-            cancel_open_actions(log, run, now, reason="interrupted")
-            leave_untaken(log, run, now)
-            run_finished(log, run)
-        run.save()
+        stop_one(log, run, request, now)
+
+
+def stop_one(log: Log, run: Run, request: str, now: Any) -> None:
+    """Stop a locked unfinished run of a locked conversation (`request`: interrupt or rollback).
+
+    A waiting run is cancelled (its message never posted); a running one is told to stop now
+    (its worker ends it interrupted or rolled back); a queued or paused one ends here, its open
+    actions cancelled with the reason `interrupted`.
+    """
+    if run.status == RunStatus.WAITING:
+        run.status, run.ended_at, run.message = RunStatus.CANCELLED, now, None
+    elif run.status == RunStatus.RUNNING:
+        run.stop_request = request
+    elif request == StopRequest.ROLLBACK:
+        run.stop_request = request
+        roll_back(run, now)
+    else:
+        run.status, run.ended_at, run.stop_request = RunStatus.INTERRUPTED, now, request
+        cancel_open_actions(log, run, now, reason="interrupted")
+        leave_untaken(log, run, now)
+        run_finished(log, run)
+    run.save()
+
+
+@retried
+def stop_run(run_id: str, request: str) -> Run | None:
+    """Stop one unfinished run of a conversation without a task (`stop_one`); None when it had
+    ended already."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = lock_run(run_id)
+        if run.task_id is not None or run.status not in RUN_UNFINISHED:
+            return None
+        log = Log()
+        log.hold(run.conversation)
+        stop_one(log, run, request, now)
+        log.flush()
+        return run
+
+
+@retried
+def adopt_agent(conversation_id: str, agent: str) -> Conversation:
+    """Give a visible conversation created without an agent the agent of its first run (a
+    LangGraph thread's); ConversationBusy-free, but InvalidField for another agent than its own."""
+    with transaction.atomic():
+        conversation = lock_conversation(conversation_id)
+        if conversation.deleting_at is not None or conversation.hidden:
+            raise ConversationNotFound(conversation_id)
+        if conversation.agent == agent:
+            return conversation
+        if conversation.agent:
+            raise InvalidField(
+                f"Conversation {conversation_id} runs the agent {conversation.agent}", "agent"
+            )
+        conversation.agent = agent
+        conversation.metadata = {**(conversation.metadata or {}), "graph_id": agent}
+        conversation.save(update_fields=["agent", "metadata", "updated_at"])
+        return conversation
 
 
 @retried

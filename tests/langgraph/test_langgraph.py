@@ -1,0 +1,304 @@
+# ruff: noqa: F811  (the fixtures imported from tests.mcp_support are parameters here)
+"""LangGraph's Agent Server API (docs/langgraph.md), driven by the real `langgraph-sdk` client
+against a live server and a real cluster."""
+
+import httpx
+import pytest
+from langgraph_sdk import get_sync_client
+
+from agenttasks.models import Conversation, Run
+
+from ..conftest import wait_for
+from ..mcp_support import alice, bob, cluster, server  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120), pytest.mark.both]
+MOUNT = "/api/agents/langgraph"
+
+
+def client_for(server, user):
+    headers = {"Authorization": f"Token {user.token}"} if user is not None else {}
+    return get_sync_client(url=server + MOUNT, api_key=None, headers=headers, timeout=60)
+
+
+@pytest.fixture
+def lg(server, alice):
+    return client_for(server, alice)
+
+
+def said(values: dict) -> list[tuple[str, str]]:
+    return [(m["type"], m["content"]) for m in values["messages"]]
+
+
+def human(text: str) -> dict:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def test_assistants_are_the_exposed_agents(lg):
+    found = {a["graph_id"]: a for a in lg.assistants.search(limit=100)}
+    assert {"echo", "slow", "approver", "asker"} <= set(found)
+    echo = found["echo"]
+    assert echo["assistant_id"] != "echo" and len(echo["assistant_id"]) == 36  # a UUID
+    assert lg.assistants.get(echo["assistant_id"]) == echo
+    assert lg.assistants.get("echo") == echo  # the graph id names it too
+    assert lg.assistants.search(graph_id="echo") == [echo]
+    assert "messages" in lg.assistants.get_schemas("echo")["input_schema"]["properties"]
+    with pytest.raises(httpx.HTTPStatusError) as missing:
+        lg.assistants.get("nobody")
+    assert missing.value.response.status_code == 404
+
+
+def test_a_threads_run_of_echo_gives_the_reply_in_its_values(lg, cluster):
+    thread = lg.threads.create(metadata={"purpose": "test"})
+    assert thread["status"] == "idle" and thread["metadata"] == {"purpose": "test"}
+    run = lg.runs.create(thread["thread_id"], "echo", input=human("hi"))
+    assert run["status"] in ("pending", "running") and run["thread_id"] == thread["thread_id"]
+    values = lg.runs.join(thread["thread_id"], run["run_id"])
+    assert said(values) == [("human", "hi"), ("ai", "Echo: hi")]
+    assert lg.runs.get(thread["thread_id"], run["run_id"])["status"] == "success"
+    shown = lg.threads.get(thread["thread_id"])
+    assert shown["status"] == "idle" and shown["metadata"]["graph_id"] == "echo"
+    # The thread is the conversation REST shows; search finds it by graph_id.
+    assert Conversation.objects.get(pk=thread["thread_id"]).agent == "echo"
+    assert [t["thread_id"] for t in lg.threads.search(metadata={"graph_id": "echo"})] == [
+        thread["thread_id"]
+    ]
+    state = lg.threads.get_state(thread["thread_id"])
+    assert said(state["values"])[-1] == ("ai", "Echo: hi") and state["next"] == []
+    again = lg.runs.wait(thread["thread_id"], "echo", input=human("again"))
+    assert said(again)[-1] == ("ai", "Echo: again")
+    history = lg.threads.get_history(thread["thread_id"], limit=5)
+    assert len(history) >= 2 and said(history[0]["values"])[-1] == ("ai", "Echo: again")
+    assert said(history[1]["values"])[-1] == ("ai", "Echo: hi")
+    assert [r["run_id"] for r in lg.runs.list(thread["thread_id"])][-1] == run["run_id"]
+
+
+def test_a_stateless_run_waits_for_its_values(lg, cluster):
+    values = lg.runs.wait(None, "echo", input=human("alone"))
+    assert said(values) == [("human", "alone"), ("ai", "Echo: alone")]
+
+
+def test_a_stream_sends_metadata_then_values_and_updates(lg, cluster):
+    thread = lg.threads.create()
+    parts = list(
+        lg.runs.stream(
+            thread["thread_id"], "echo", input=human("streamed"), stream_mode=["values", "updates"]
+        )
+    )
+    assert parts[0].event == "metadata" and parts[0].data["run_id"]
+    last_values = [p.data for p in parts if p.event == "values"][-1]
+    assert said(last_values) == [("human", "streamed"), ("ai", "Echo: streamed")]
+    updates = [p.data for p in parts if p.event == "updates"]
+    assert {"type": "ai", "content": "Echo: streamed"}.items() <= updates[-1]["agent"]["messages"][
+        0
+    ].items()
+    # Joining the finished run's stream after its last event replays nothing.
+    run_id = parts[0].data["run_id"]
+    ids = [p.id for p in parts if p.id]
+    replay = list(
+        lg.runs.join_stream(
+            thread["thread_id"], run_id, stream_mode="values", last_event_id=ids[-1]
+        )
+    )
+    assert [p.event for p in replay] == ["metadata"]
+
+
+def test_an_approval_is_an_interrupt_that_a_resume_answers(lg, cluster):
+    thread = lg.threads.create()
+    asked = lg.runs.wait(thread["thread_id"], "approver", input=human("prod"))
+    (interrupt,) = asked["__interrupt__"]
+    assert interrupt["value"]["tool"] == "deploy" and interrupt["value"]["args"] == {"env": "prod"}
+    shown = lg.threads.get(thread["thread_id"])
+    assert shown["status"] == "interrupted"
+    state = lg.threads.get_state(thread["thread_id"])
+    assert [i["id"] for i in state["interrupts"]] == [interrupt["id"]] and state["next"] == [
+        "agent"
+    ]
+    done = lg.runs.wait(thread["thread_id"], "approver", command={"resume": {"approved": True}})
+    assert said(done)[-1] == ("ai", "deployed to prod")
+    assert lg.threads.get(thread["thread_id"])["status"] == "idle"
+
+
+def test_a_question_is_resumed_with_its_answer(lg, cluster):
+    thread = lg.threads.create()
+    asked = lg.runs.wait(thread["thread_id"], "asker", input=human("report"))
+    assert asked["__interrupt__"][0]["value"]["questions"][0]["id"] == "q1"
+    done = lg.runs.wait(thread["thread_id"], "asker", command={"resume": "PDF"})
+    assert said(done)[-1] == ("ai", "format: PDF")
+    with pytest.raises(httpx.HTTPStatusError) as nothing:  # nothing left to resume
+        lg.runs.wait(thread["thread_id"], "asker", command={"resume": "HTML"})
+    assert nothing.value.response.status_code == 409
+
+
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+def test_cancelling_a_slow_run(lg, cluster, action):
+    thread = lg.threads.create()
+    run = lg.runs.create(thread["thread_id"], "slow", input=human("nap"), metadata={"seconds": 30})
+    wait_for(lambda: Run.objects.get(pk=run["run_id"]).status == "running", timeout=30)
+    lg.runs.cancel(thread["thread_id"], run["run_id"], action=action)
+    wait_for(
+        lambda: Run.objects.get(pk=run["run_id"]).status in ("interrupted", "rolled_back"),
+        timeout=30,
+    )
+    if action == "interrupt":
+        assert lg.runs.get(thread["thread_id"], run["run_id"])["status"] == "interrupted"
+        assert said(lg.threads.get_state(thread["thread_id"])["values"])[0] == ("human", "nap")
+    else:
+        with pytest.raises(httpx.HTTPStatusError) as gone:
+            lg.runs.get(thread["thread_id"], run["run_id"])
+        assert gone.value.response.status_code == 404
+        assert lg.threads.get_state(thread["thread_id"])["values"] == {"messages": []}
+
+
+def test_multitask_strategies_on_a_busy_thread(lg, cluster):
+    thread = lg.threads.create()
+    first = lg.runs.create(thread["thread_id"], "slow", input=human("one"), metadata={"seconds": 3})
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        lg.runs.create(thread["thread_id"], "slow", input=human("two"), multitask_strategy="reject")
+    assert refused.value.response.status_code == 409
+    queued = lg.runs.create(
+        thread["thread_id"], "slow", input=human("two"), metadata={"seconds": 0}
+    )
+    assert queued["status"] == "pending"  # enqueue, LangGraph's default
+    values = lg.runs.join(thread["thread_id"], queued["run_id"])
+    humans = [text for kind, text in said(values) if kind == "human"]
+    assert humans == ["one", "two"]
+    assert lg.runs.get(thread["thread_id"], first["run_id"])["status"] == "success"
+
+
+def test_another_user_gets_404_and_anonymous_401(server, lg, bob, cluster):
+    thread = lg.threads.create()
+    run = lg.runs.create(thread["thread_id"], "echo", input=human("mine"))
+    other = client_for(server, bob)
+    calls = [
+        lambda: other.threads.get(thread["thread_id"]),
+        lambda: other.threads.get_state(thread["thread_id"]),
+        lambda: other.threads.delete(thread["thread_id"]),
+        lambda: other.runs.get(thread["thread_id"], run["run_id"]),
+        lambda: other.runs.join(thread["thread_id"], run["run_id"]),
+        lambda: other.runs.cancel(thread["thread_id"], run["run_id"]),
+        lambda: other.runs.create(thread["thread_id"], "echo", input=human("theirs")),
+    ]
+    for call in calls:
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            call()
+        assert refused.value.response.status_code == 404
+        assert "detail" in refused.value.response.json()
+    assert other.threads.search() == []
+    anonymous = httpx.post(server + MOUNT + "/threads/search", json={})
+    assert anonymous.status_code == 401 and "detail" in anonymous.json()
+
+
+def test_bad_input_and_unsupported_routes_answer_in_langgraphs_shape(server, lg):
+    thread = lg.threads.create()
+    auth = {"Authorization": lg.http.client.headers["Authorization"]}
+    cases = [
+        ("post", f"/threads/{thread['thread_id']}/runs", {"assistant_id": "nobody"}, 404),
+        ("post", f"/threads/{thread['thread_id']}/runs", {"assistant_id": "echo"}, 422),
+        (
+            "post",
+            f"/threads/{thread['thread_id']}/runs",
+            {"assistant_id": "echo", "input": {"messages": "x"}},
+            422,
+        ),
+        (
+            "post",
+            f"/threads/{thread['thread_id']}/runs/stream",
+            {"assistant_id": "echo", "input": {"messages": ["x"]}, "stream_mode": "tasks"},
+            422,
+        ),
+        (
+            "post",
+            f"/threads/{thread['thread_id']}/runs",
+            {"assistant_id": "echo", "input": {"messages": ["x"]}, "interrupt_before": ["agent"]},
+            422,
+        ),
+        ("post", "/store/items/search", {}, 404),
+        ("post", "/runs/crons", {"assistant_id": "echo", "schedule": "* * * * *"}, 422),
+        ("get", "/threads/nobody/state", None, 404),
+        ("post", f"/threads/{thread['thread_id']}/copy", {}, 422),
+        ("post", "/threads/search", {"limit": 0}, 422),
+    ]
+    for method, path, body, status in cases:
+        answer = httpx.request(method, server + MOUNT + path, json=body, headers=auth)
+        assert answer.status_code == status, (path, body, answer.text)
+        assert isinstance(answer.json()["detail"], str)
+
+
+def test_a_cron_is_a_schedule_whose_tick_runs_on_the_thread(lg, cluster):
+    from agenttasks.lifecycle import schedules
+    from agenttasks.models import Schedule
+
+    thread = lg.threads.create()
+    cron = lg.crons.create_for_thread(
+        thread["thread_id"], "echo", schedule="*/5 * * * *", input=human("tick")
+    )
+    assert cron["thread_id"] == thread["thread_id"] and cron["schedule"] == "*/5 * * * *"
+    assert cron["enabled"] is True and cron["next_run_date"]
+    row = Schedule.objects.get(pk=cron["cron_id"])
+    assert (row.cron, row.conversation_id, row.strategy) == (
+        "0 */5 * * * *",
+        thread["thread_id"],
+        "enqueue",
+    )
+    schedules.run_now(row.id)  # one tick now: a run on the thread
+    wait_for(
+        lambda: (
+            said(lg.threads.get_state(thread["thread_id"])["values"])[-1:] == [("ai", "Echo: tick")]
+        ),
+        timeout=30,
+    )
+    assert [c["cron_id"] for c in lg.crons.search(thread_id=thread["thread_id"])] == [row.id]
+    stateless = lg.crons.create("echo", schedule="0 9 * * *", input=human("morning"))
+    assert stateless["thread_id"] is None
+    lg.crons.delete(stateless["cron_id"])
+    assert not Schedule.objects.filter(pk=stateless["cron_id"]).exists()
+    with pytest.raises(httpx.HTTPStatusError) as bad:
+        lg.crons.create("echo", schedule="every day", input=human("x"))
+    assert bad.value.response.status_code == 422
+
+
+@pytest.mark.postgres  # a cluster's pieces of a reply reach the web process through pg_notify
+def test_messages_tuple_streams_a_chat_agents_pieces_in_order(server, alice, start_cluster):
+    import threading
+    import time
+
+    from ..fake_model import FakeModel, Reply, stream_answer
+
+    connected = threading.Event()
+    frames = stream_answer(["Hel", "lo, ", "wor", "ld"]).chunks
+
+    def script(request):
+        def chunks():
+            connected.wait(30)  # the stream is open and listening before the first piece
+            for chunk in frames:
+                yield chunk
+                time.sleep(0.2)  # pieces apart, as a model writes them
+
+        return Reply(headers={"Content-Type": "text/event-stream"}, chunks=chunks())
+
+    fake = FakeModel(script)
+    try:
+        start_cluster(
+            MODEL_BASE_URL=fake.url, MODEL_API_KEY="sk-test", DEFAULT_MODEL="m", MODEL_RETRIES=0
+        )
+        lg = client_for(server, alice)
+        thread = lg.threads.create()
+        parts = []
+        for part in lg.runs.stream(
+            thread["thread_id"],
+            "assistant",
+            input=human("hi"),
+            stream_mode=["messages-tuple", "values"],
+        ):
+            parts.append(part)
+            if part.event == "metadata":
+                connected.set()
+    finally:
+        connected.set()
+        fake.close()
+    chunks = [p.data[0] for p in parts if p.event == "messages"]
+    pieces = [c["content"] for c in chunks if c["type"] == "AIMessageChunk"]
+    assert "".join(pieces) == "Hello, world" and len(pieces) >= 2
+    assert chunks[-1]["type"] == "ai" and chunks[-1]["content"] == "Hello, world"  # the stored one
+    assert parts[-1].event == "values"
+    assert said(parts[-1].data)[-1] == ("ai", "Hello, world")
