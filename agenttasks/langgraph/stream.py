@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ..broker import deltas
 from ..models import Event, Run
 from ..states import RUN_ENDED, RunStatus
+from ..toolkit import caps
 from ..toolkit.streams import Follower
 from . import shapes
 
@@ -47,8 +48,10 @@ class RunStream(Follower):
         *,
         after: int | None = None,
         joined: bool = False,
+        held: caps.Held | None = None,
+        client_fd: int | None = None,
     ):
-        super().__init__()
+        super().__init__(held, client_fd)
         self.conversation_id, self.run_id, self.modes = conversation_id, run_id, set(modes)
         self.joined = joined
         self.resume = after

@@ -15,7 +15,7 @@ from ..exceptions import TaskError
 from ..lifecycle import schedules
 from ..models import Conversation, Event, Run, Schedule
 from ..states import RUN_ENDED, MultitaskStrategy, RunStatus
-from ..toolkit import body, errors
+from ..toolkit import body, caps, errors
 from ..toolkit.identity import owner_id, user_of
 from ..toolkit.policies import AppPolicies
 from ..toolkit.streams import serve
@@ -287,10 +287,10 @@ class RunsView(LangGraphView):
             lifecycle.adopt_agent(conversation.id, agent.id)
         run = start(conversation, self.body, user_of(request))
         if self.mode == "wait":
-            return Response(waited(conversation, run))
+            return Response(waited(request, conversation, run))
         if self.mode == "stream":
             modes = inputs.stream_modes(self.body.get("stream_mode"))
-            response = serve(RunStream(conversation.id, run.id, modes), request)
+            response = serve_stream(request, RunStream(conversation.id, run.id, modes))
             # Where the SDK reconnects (with Last-Event-ID) when the stream is cut before the end.
             response["Location"] = self.stream_location(conversation.id, run.id)
             response["Content-Location"] = response["Location"]
@@ -315,12 +315,27 @@ def start(conversation: Conversation, data: dict, user) -> Run:
     return run
 
 
-def waited(conversation: Conversation, run: Run) -> dict:
-    """What `runs.wait` and `join` answer: the thread's values once the run settled, with
-    `__interrupt__` when it stopped at one and `__error__` when it failed."""
-    ended = lifecycle.wait_for_run(
-        run.id, wait=float(app_settings.MAX_STATUS_WAIT), settled=SETTLED
+def serve_stream(request, stream: RunStream):
+    """Serve a run's stream in one of the principal's stream places, as REST's streams are."""
+    stream.held = caps.take(
+        request, caps.STREAM, app_settings.MAX_STREAMS_PER_USER, app_settings.SLOT_LEASE_SECONDS
     )
+    stream.client_fd = caps.client_socket(request._request)  # None under ASGI
+    return serve(stream, request._request)
+
+
+def waited(request, conversation: Conversation, run: Run) -> dict:
+    """What `runs.wait` and `join` answer: the thread's values once the run settled, with
+    `__interrupt__` when it stopped at one and `__error__` when it failed. The wait holds one of
+    the principal's wait places, as REST's `/wait` does."""
+    wait = float(app_settings.MAX_STATUS_WAIT)
+    held = caps.take(
+        request, caps.WAIT, app_settings.MAX_WAITS_PER_USER, wait + app_settings.SLOT_LEASE_SECONDS
+    )
+    try:
+        ended = lifecycle.wait_for_run(run.id, wait=wait, settled=SETTLED)
+    finally:
+        held.release()
     out: dict[str, Any] = shapes.values(conversation.id)
     if ended.status == RunStatus.PAUSED:
         out["__interrupt__"] = shapes.interrupts(conversation.id)
@@ -353,7 +368,7 @@ class RunView(LangGraphView):
 class RunJoinView(LangGraphView):
     def get(self, request, thread_id, run_id):
         conversation = self.thread(thread_id)
-        return Response(waited(conversation, self.run(conversation, run_id)))
+        return Response(waited(request, conversation, self.run(conversation, run_id)))
 
 
 class RunJoinStreamView(LangGraphView):
@@ -362,7 +377,8 @@ class RunJoinStreamView(LangGraphView):
         run = self.run(conversation, run_id)
         modes = inputs.stream_modes(request.query_params.getlist("stream_mode") or None)
         resume = inputs.last_event_id(request)
-        return serve(RunStream(conversation.id, run.id, modes, after=resume, joined=True), request)
+        stream = RunStream(conversation.id, run.id, modes, after=resume, joined=True)
+        return serve_stream(request, stream)
 
 
 class RunCancelView(LangGraphView):

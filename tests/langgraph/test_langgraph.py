@@ -9,7 +9,7 @@ from langgraph_sdk import get_sync_client
 from agenttasks.models import Conversation, Run
 
 from ..conftest import wait_for
-from ..mcp_support import alice, bob, cluster, server  # noqa: F401  (fixtures)
+from ..mcp_support import alice, asgi_server, bob, cluster, server  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120), pytest.mark.both]
 MOUNT = "/api/agents/langgraph"
@@ -257,6 +257,7 @@ def test_a_cron_is_a_schedule_whose_tick_runs_on_the_thread(lg, cluster):
     assert bad.value.response.status_code == 422
 
 
+@pytest.mark.serial  # a cluster of its own
 @pytest.mark.postgres  # a cluster's pieces of a reply reach the web process through pg_notify
 def test_messages_tuple_streams_a_chat_agents_pieces_in_order(server, alice, start_cluster):
     import threading
@@ -302,3 +303,86 @@ def test_messages_tuple_streams_a_chat_agents_pieces_in_order(server, alice, sta
     assert chunks[-1]["type"] == "ai" and chunks[-1]["content"] == "Hello, world"  # the stored one
     assert parts[-1].event == "values"
     assert said(parts[-1].data)[-1] == ("ai", "Hello, world")
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+def test_a_newer_run_under_interrupt_or_rollback_stops_the_busy_one(lg, cluster, strategy):
+    thread = lg.threads.create()
+    first = lg.runs.create(
+        thread["thread_id"], "slow", input=human("one"), metadata={"seconds": 30}
+    )
+    wait_for(lambda: Run.objects.get(pk=first["run_id"]).status == "running", timeout=30)
+    newer = lg.runs.create(
+        thread["thread_id"],
+        "slow",
+        input=human("two"),
+        metadata={"seconds": 0},
+        multitask_strategy=strategy,
+    )
+    values = lg.runs.join(thread["thread_id"], newer["run_id"])
+    humans = [text for kind, text in said(values) if kind == "human"]
+    if strategy == "interrupt":
+        assert humans == ["one", "two"]
+        assert lg.runs.get(thread["thread_id"], first["run_id"])["status"] == "interrupted"
+    else:
+        assert humans == ["two"]  # the rolled-back run's input left the values
+        with pytest.raises(httpx.HTTPStatusError) as gone:
+            lg.runs.get(thread["thread_id"], first["run_id"])
+        assert gone.value.response.status_code == 404
+
+
+def test_the_thread_is_the_conversation_rest_shows(server, lg, alice, cluster):
+    thread = lg.threads.create(graph_id="echo")
+    lg.runs.wait(thread["thread_id"], "echo", input=human("over both"))
+    auth = {"Authorization": f"Token {alice.token}"}
+    rest = httpx.get(
+        f"{server}/api/agents/conversations/{thread['thread_id']}/messages", headers=auth
+    ).json()["messages"]
+    assert [(m["role"], m["content"]) for m in rest] == [
+        ("user", "over both"),
+        ("assistant", "Echo: over both"),
+    ]
+
+
+def test_a_stream_served_under_asgi(asgi_server, alice, cluster):
+    lg = client_for(asgi_server, alice)
+    thread = lg.threads.create()
+    parts = list(lg.runs.stream(thread["thread_id"], "echo", input=human("async")))
+    assert parts[0].event == "metadata"
+    assert said(parts[-1].data)[-1] == ("ai", "Echo: async")
+
+
+@pytest.mark.serial  # clusters of its own, one killed
+def test_background_runs_survive_a_sigkill_of_the_cluster(server, alice, start_cluster):
+    first = start_cluster(workers=1)
+    lg = client_for(server, alice)
+    thread = lg.threads.create()
+    busy = lg.runs.create(thread["thread_id"], "slow", input=human("nap"), metadata={"seconds": 30})
+    wait_for(lambda: Run.objects.get(pk=busy["run_id"]).status == "running", timeout=30)
+    queued = lg.runs.create(
+        thread["thread_id"], "slow", input=human("after"), metadata={"seconds": 0}
+    )
+    assert queued["status"] == "pending"
+    first.kill()  # SIGKILL: the running run's worker is gone, the enqueued run not started
+    start_cluster(workers=1, LEASE_TIMEOUT=2, REAP_INTERVAL=1)
+    values = lg.runs.join(thread["thread_id"], queued["run_id"])
+    kind, text = said(values)[-1]
+    assert kind == "ai" and text.startswith("Slept")  # the enqueued run ran after the restart
+    # The run the kill cut ends `error` (the reaper's, as REST shows it); nothing is lost.
+    assert lg.runs.get(thread["thread_id"], busy["run_id"])["status"] == "error"
+
+
+def test_the_quick_start_in_the_docs_runs(server, alice, cluster):
+    from ..cluster import ROOT
+
+    doc = (ROOT / "docs" / "langgraph.md").read_text()
+    snippet = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    snippet = snippet.replace("http://127.0.0.1:8000", server)
+    snippet = snippet.replace("<the demo token>", alice.token)
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(snippet, "docs/langgraph.md", "exec"), {})
+    assert printed.getvalue().strip() == "Echo: hi"
