@@ -257,9 +257,18 @@ class RunContext:
 
     @property
     def metadata(self) -> dict:
-        """Return the task's metadata with `comments`: every comment, oldest first."""
+        """Return the task's metadata with `comments`: every comment, oldest first. A run
+        without a task gets the metadata of the message that started it."""
         if self.task is None:
-            return {"comments": []}
+            started = (
+                Event.objects.filter(
+                    conversation_id=self.conversation.id, run_id=self.run.id, type="message.user"
+                )
+                .order_by("seq")
+                .values_list("data", flat=True)
+                .first()
+            )
+            return {**((started or {}).get("metadata") or {}), "comments": []}
         comments = [
             {"id": c.id, "role": c.role, "content": c.content, "metadata": c.metadata}
             for c in Comment.objects.filter(task_id=self.task.id).order_by("created_at", "id")

@@ -386,3 +386,42 @@ def test_the_quick_start_in_the_docs_runs(server, alice, cluster):
     with contextlib.redirect_stdout(printed):
         exec(compile(snippet, "docs/langgraph.md", "exec"), {})
     assert printed.getvalue().strip() == "Echo: hi"
+
+
+def test_join_stream_after_a_reconnect_sends_only_what_came_after(lg, cluster):
+    thread = lg.threads.create()
+    run = lg.runs.create(thread["thread_id"], "slow", input=human("nap"), metadata={"seconds": 2})
+    seen = None
+    for part in lg.runs.join_stream(thread["thread_id"], run["run_id"], stream_mode="values"):
+        if part.event == "values" and part.id:
+            seen = part  # the values after the run's input: then the client goes away
+            break
+    assert seen is not None and said(seen.data) == [("human", "nap")]
+    rest = list(
+        lg.runs.join_stream(
+            thread["thread_id"], run["run_id"], stream_mode="values", last_event_id=seen.id
+        )
+    )
+    values = [p for p in rest if p.event == "values"]
+    assert [said(p.data)[-1] for p in values] == [("ai", "Slept 2s")]  # nothing sent again
+    assert all(int(p.id) > int(seen.id) for p in values)
+
+
+def test_info_thread_search_by_status_an_interrupt_update_and_delete(lg, cluster):
+    assert lg.http.get("/info")["flags"]["assistants"] is True
+    idle = lg.threads.create()
+    lg.runs.wait(idle["thread_id"], "echo", input=human("done"))
+    waiting = lg.threads.create()
+    parts = list(
+        lg.runs.stream(waiting["thread_id"], "approver", input=human("prod"), stream_mode="updates")
+    )
+    assert "__interrupt__" in parts[-1].data
+    found = {t["thread_id"] for t in lg.threads.search(status="interrupted")}
+    assert found == {waiting["thread_id"]}
+    assert idle["thread_id"] in {t["thread_id"] for t in lg.threads.search(status="idle")}
+    updated = lg.threads.update(idle["thread_id"], metadata={"tag": "x"})
+    assert updated["metadata"]["tag"] == "x" and updated["metadata"]["graph_id"] == "echo"
+    lg.threads.delete(waiting["thread_id"])
+    with pytest.raises(httpx.HTTPStatusError) as gone:
+        lg.threads.get(waiting["thread_id"])
+    assert gone.value.response.status_code == 404
