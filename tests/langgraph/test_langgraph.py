@@ -425,3 +425,15 @@ def test_info_thread_search_by_status_an_interrupt_update_and_delete(lg, cluster
     with pytest.raises(httpx.HTTPStatusError) as gone:
         lg.threads.get(waiting["thread_id"])
     assert gone.value.response.status_code == 404
+
+
+def test_a_failed_run_is_an_error_in_wait_in_the_stream_and_on_the_thread(lg, cluster):
+    thread = lg.threads.create()
+    with pytest.raises(Exception, match="RunError: kaboom"):  # the SDK reads __error__
+        lg.runs.wait(thread["thread_id"], "boom", input=human("try"))
+    failed = lg.runs.wait(thread["thread_id"], "boom", input=human("try"), raise_error=False)
+    assert failed["__error__"] == {"error": "RunError", "message": "kaboom"}
+    assert lg.threads.get(thread["thread_id"])["status"] == "error"
+    assert [r["status"] for r in lg.runs.list(thread["thread_id"])] == ["error", "error"]
+    parts = list(lg.runs.stream(thread["thread_id"], "boom", input=human("again")))
+    assert parts[-1].event == "error" and parts[-1].data["message"] == "kaboom"
