@@ -35,10 +35,10 @@ FLOORS = [
     ["runtime"],
     ["toolkit"],
     ["execution"],
-    ["api", "a2a", "mcp", "admin"],  # the surfaces, side by side
+    ["api", "a2a", "mcp", "langgraph", "admin"],  # the surfaces, side by side
     ["urls", "apps", "checks", "management", "migrations", "templatetags"],  # the doors
 ]
-SURFACES = {"api", "a2a", "mcp", "admin"}
+SURFACES = {"api", "a2a", "mcp", "langgraph", "admin"}
 # The two places one surface reads another's (docs/architecture.md#dependencies).
 ACROSS_SURFACES = {
     ("agenttasks.a2a.mapping", "agenttasks.api.serializers"),  # A2A carries REST's action shape

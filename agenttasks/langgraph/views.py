@@ -11,7 +11,6 @@ from rest_framework.response import Response
 
 from .. import __version__, lifecycle
 from ..conf import app_settings
-from ..exceptions import TaskError
 from ..lifecycle import schedules
 from ..models import Conversation, Event, Run, Schedule
 from ..states import RUN_ENDED, MultitaskStrategy, RunStatus
@@ -29,8 +28,6 @@ NOT_SUPPORTED = "{what} is not supported by agenttasks (docs/langgraph.md#not-su
 
 def handle(exc, context) -> Response:
     """Answer an exception as LangGraph's server does: `{"detail": message}`."""
-    if isinstance(exc, TaskError) and exc.status_code < 500:
-        exc = errors.refusal(exc)
     response = errors.handle(exc, context)
     error = (response.data or {}).get("error") or {}
     return Response(
@@ -46,10 +43,6 @@ def not_found(what: str) -> errors.ApiError:
     return errors.ApiError(404, "NOT_FOUND", f"{what} not found")
 
 
-def unprocessable(message: str) -> errors.ApiError:
-    return errors.ApiError(422, "VALIDATION_ERROR", message)
-
-
 class LangGraphView(AppPolicies):
     """A route of the LangGraph API: the app's policies, LangGraph's errors, and lookups that
     answer 404 for what the principal does not own."""
@@ -63,7 +56,7 @@ class LangGraphView(AppPolicies):
         super().initial(request, *args, **kwargs)
         parsed = body.parse(request) if request.method in ("POST", "PATCH", "DELETE") else None
         if parsed is not None and not isinstance(parsed, dict):
-            raise unprocessable("The body must be a JSON object")
+            raise inputs.invalid("The body must be a JSON object")
         self.body: dict[str, Any] = parsed or {}
 
     def stream_location(self, thread_id: str, run_id: str) -> str:
@@ -156,7 +149,7 @@ class ThreadsView(LangGraphView):
                 ):
                     return Response(shapes.thread(existing))
                 raise errors.ApiError(409, "conflict", f"Thread {thread_id} already exists")
-            raise unprocessable("thread_id is chosen by agenttasks: leave it out")
+            raise inputs.invalid("thread_id is chosen by agenttasks: leave it out")
         conversation = lifecycle.create_conversation(
             owner=user_of(request),
             agent_id=agent.id if agent else "",
@@ -170,7 +163,7 @@ class ThreadSearchView(LangGraphView):
         rows = Conversation.objects.visible().filter(owner_id=owner_id(request))
         for key, value in inputs.metadata(self.body).items():
             if not key.isidentifier() or "__" in key:
-                raise unprocessable(f"metadata key {key!r} cannot be searched")
+                raise inputs.invalid(f"metadata key {key!r} cannot be searched")
             rows = rows.filter(**{f"metadata__{key}": value})
         ids = self.body.get("ids")
         if isinstance(ids, list):
@@ -211,7 +204,7 @@ class ThreadStateView(LangGraphView):
         return Response(shapes.state(self.thread(thread_id)))
 
     def post(self, request, thread_id):
-        raise unprocessable(NOT_SUPPORTED.format(what="Updating a thread's state"))
+        raise inputs.invalid(NOT_SUPPORTED.format(what="Updating a thread's state"))
 
 
 class ThreadHistoryView(LangGraphView):
@@ -246,7 +239,7 @@ class ThreadHistoryView(LangGraphView):
 class ThreadCopyView(LangGraphView):
     def post(self, request, thread_id):
         self.thread(thread_id)
-        raise unprocessable(NOT_SUPPORTED.format(what="Copying a thread"))
+        raise inputs.invalid(NOT_SUPPORTED.format(what="Copying a thread"))
 
 
 # --- runs ------------------------------------------------------------------------------------
@@ -278,7 +271,7 @@ class RunsView(LangGraphView):
         agent = self.agent(self.body.get("assistant_id"))
         unsupported = inputs.unsupported(self.body)
         if unsupported:
-            raise unprocessable(NOT_SUPPORTED.format(what=unsupported))
+            raise inputs.invalid(NOT_SUPPORTED.format(what=unsupported))
         if conversation is None:
             conversation = lifecycle.create_conversation(
                 owner=user_of(request), agent_id=agent.id, metadata={"graph_id": agent.id}
@@ -303,7 +296,7 @@ def start(conversation: Conversation, data: dict, user) -> Run:
     its input messages as one user message under the run's multitask strategy."""
     command = data.get("command") or {}
     if not isinstance(command, dict):
-        raise unprocessable("command must be an object")
+        raise inputs.invalid("command must be an object")
     if "resume" in command:
         return inputs.resume(conversation, command["resume"], user)
     text = inputs.text(data.get("input"))
@@ -362,7 +355,7 @@ class RunView(LangGraphView):
         run = self.run(conversation, run_id)
         if run.status not in RUN_ENDED:
             raise errors.ApiError(409, "conflict", f"Run {run_id} has not ended; cancel it first")
-        raise unprocessable(NOT_SUPPORTED.format(what="Deleting a run's record"))
+        raise inputs.invalid(NOT_SUPPORTED.format(what="Deleting a run's record"))
 
 
 class RunJoinView(LangGraphView):
@@ -387,7 +380,7 @@ class RunCancelView(LangGraphView):
         run = self.run(conversation, run_id)
         action = request.query_params.get("action") or "interrupt"
         if action not in ("interrupt", "rollback"):
-            raise unprocessable("action must be interrupt or rollback")
+            raise inputs.invalid("action must be interrupt or rollback")
         lifecycle.stop_run(run.id, rollback=action == "rollback")
         if request.query_params.get("wait") in ("1", "true", "True"):
             lifecycle.wait_for_run(
