@@ -7,6 +7,9 @@ or run is 404, never 403, on every route).
 
 from typing import Any
 
+from django.apps import apps
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.response import Response
 
 from .. import __version__, lifecycle
@@ -43,11 +46,30 @@ def not_found(what: str) -> errors.ApiError:
     return errors.ApiError(404, "NOT_FOUND", f"{what} not found")
 
 
+class ApiKeyAuthentication(BaseAuthentication):
+    """`X-Api-Key: <token>`, as LangGraph's clients send their key (Agent Chat UI, the SDK's
+    `api_key`): a DRF token of the site (`rest_framework.authtoken`), when the site has them."""
+
+    def authenticate(self, request):
+        key = request.headers.get("X-Api-Key")
+        if not key or not apps.is_installed("rest_framework.authtoken"):
+            return None
+        from rest_framework.authtoken.models import Token  # only where the app is installed
+
+        token = Token.objects.select_related("user").filter(key=key).first()
+        if token is None or not token.user.is_active:
+            raise AuthenticationFailed("Invalid API key.")
+        return token.user, token
+
+
 class LangGraphView(AppPolicies):
     """A route of the LangGraph API: the app's policies, LangGraph's errors, and lookups that
     answer 404 for what the principal does not own."""
 
     http_method_names = ["get", "post", "patch", "delete", "head"]
+
+    def get_authenticators(self):
+        return [ApiKeyAuthentication(), *super().get_authenticators()]
 
     def get_exception_handler(self):
         return handle

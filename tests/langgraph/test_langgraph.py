@@ -437,3 +437,10 @@ def test_a_failed_run_is_an_error_in_wait_in_the_stream_and_on_the_thread(lg, cl
     assert [r["status"] for r in lg.runs.list(thread["thread_id"])] == ["error", "error"]
     parts = list(lg.runs.stream(thread["thread_id"], "boom", input=human("again")))
     assert parts[-1].event == "error" and parts[-1].data["message"] == "kaboom"
+
+
+def test_an_api_key_header_is_the_users_token(server, alice):
+    keyed = get_sync_client(url=server + MOUNT, api_key=alice.token, timeout=60)
+    assert keyed.threads.create()["status"] == "idle"  # the SDK sends it as X-Api-Key
+    wrong = httpx.get(server + MOUNT + "/info", headers={"X-Api-Key": "nope"})
+    assert wrong.status_code == 401 and wrong.json() == {"detail": "Invalid API key."}
