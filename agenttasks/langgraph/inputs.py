@@ -45,10 +45,15 @@ def metadata(body: dict) -> dict:
         raise invalid(exc.message) from None
 
 
-def unsupported(body: dict) -> str | None:
-    """Name the first parameter of a run's body that agenttasks cannot honour, if any."""
+def unsupported(body: dict, head: str | None = None) -> str | None:
+    """Name the first parameter of a run's body that agenttasks cannot honour, if any. A
+    checkpoint that is the thread's head (`head`, its latest) asks for nothing else: clients
+    send it to run on from where the thread is."""
     for key, what in UNSUPPORTED.items():
-        if body.get(key):
+        value = body.get(key)
+        if isinstance(value, dict):
+            value = value.get("checkpoint_id") or None
+        if value and not (key.startswith("checkpoint") and value == head):
             return what
     return None
 
@@ -139,7 +144,11 @@ def resume(conversation: Conversation, value: Any, user) -> Run:
 
 
 def answer_body(action, value: Any) -> Any:
-    """The REST answer body a resume value stands for."""
+    """The REST answer body a resume value stands for: REST's own body, a plain value, or
+    LangGraph's human-in-the-loop responses (`[{"type": "accept" | "ignore" | "response",
+    "args"}]`, what Agent Chat UI sends)."""
+    if isinstance(value, list) and value and isinstance(value[0], dict) and "type" in value[0]:
+        return human_response(action, value[0])
     if action.kind == "approval":
         if isinstance(value, bool):
             return {"approved": value}
@@ -159,3 +168,22 @@ def cron(value: Any) -> str:
     if not isinstance(value, str) or len(value.split()) != 5:
         raise invalid("schedule must be a cron expression of 5 fields")
     return "0 " + " ".join(value.split())
+
+
+def human_response(action, response: dict) -> Any:
+    """The REST answer body of one of LangGraph's human-in-the-loop responses."""
+    kind, args = response.get("type"), response.get("args")
+    if action.kind == "approval":
+        if kind == "accept":
+            return {"approved": True}
+        if kind == "ignore":
+            return {"approved": False}
+        if kind == "response" and isinstance(args, str):
+            return {"approved": False, "comment": args}
+    elif kind == "response":
+        questions = action.questions or []
+        if isinstance(args, str) and len(questions) == 1:
+            return {"answers": {questions[0]["id"]: args}}
+        if isinstance(args, dict):
+            return {"answers": args}
+    raise invalid(f"cannot answer interrupt {action.id} with a {kind!r} response")

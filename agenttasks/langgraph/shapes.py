@@ -165,22 +165,30 @@ def values(conversation_id: str, *, through: int | None = None) -> dict[str, Any
 
 
 def interrupt(action: PendingAction) -> dict[str, Any]:
-    """Return a pending action as a LangGraph interrupt: the value names what is asked."""
+    """Return a pending action as a LangGraph interrupt. Its value is in the shape of LangGraph's
+    human-in-the-loop interrupts (`action_request`, `config`, `description`: what Agent Chat UI
+    and Agent Inbox render with accept / ignore / respond), and names the action plainly too."""
     if action.kind == "approval":
-        value = {
-            "type": "approval",
-            "action_id": action.id,
-            "tool": action.tool_name,
-            "args": action.args or {},
-            "answer_with": {"approved": "true or false", "comment": "optional"},
-        }
+        request = {"action": action.tool_name, "args": action.args or {}}
+        config = {"allow_accept": True, "allow_ignore": True, "allow_respond": True}
+        description = action.prompt or f"Approve {action.tool_name}?"
+        plain = {"type": "approval", "tool": action.tool_name, "args": action.args or {}}
     else:
-        value = {
-            "type": "question",
-            "action_id": action.id,
-            "questions": action.questions or [],
-            "answer_with": "the answers by question id",
+        questions = action.questions or []
+        request = {
+            "action": "question",
+            "args": {q.get("id"): q.get("question") for q in questions},
         }
+        config = {"allow_accept": False, "allow_ignore": False, "allow_respond": True}
+        description = "\n".join(str(q.get("question", "")) for q in questions)
+        plain = {"type": "question", "questions": questions}
+    value = {
+        "action_request": request,
+        "config": {**config, "allow_edit": False},
+        "description": description,
+        "action_id": action.id,
+        **plain,
+    }
     return {"id": action.id, "value": value}
 
 

@@ -255,7 +255,12 @@ class ThreadHistoryView(LangGraphView):
             )
             if through is not None and through < conversation.last_seq:
                 states.append(shapes.state(conversation, through=through))
-        return Response(states[:limit])
+        states = states[:limit]
+        # Each state's parent is the one before it, so clients walk one line of checkpoints
+        # (useStream takes the head of the branch it builds from these links).
+        for newer, older in zip(states, states[1:], strict=False):
+            newer["parent_checkpoint"] = older["checkpoint"]
+        return Response(states)
 
 
 class ThreadCopyView(LangGraphView):
@@ -291,7 +296,8 @@ class RunsView(LangGraphView):
         else:
             conversation = self.thread(thread_id)
         agent = self.agent(self.body.get("assistant_id"))
-        unsupported = inputs.unsupported(self.body)
+        head = shapes.checkpoint(conversation, conversation.last_seq) if conversation else None
+        unsupported = inputs.unsupported(self.body, head["checkpoint_id"] if head else None)
         if unsupported:
             raise inputs.invalid(NOT_SUPPORTED.format(what=unsupported))
         if conversation is None:

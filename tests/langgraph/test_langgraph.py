@@ -444,3 +444,34 @@ def test_an_api_key_header_is_the_users_token(server, alice):
     assert keyed.threads.create()["status"] == "idle"  # the SDK sends it as X-Api-Key
     wrong = httpx.get(server + MOUNT + "/info", headers={"X-Api-Key": "nope"})
     assert wrong.status_code == 401 and wrong.json() == {"detail": "Invalid API key."}
+
+
+def test_agent_chat_uis_human_in_the_loop_shape_and_its_responses(lg, cluster):
+    """Agent Chat UI renders an interrupt in LangGraph's human-in-the-loop shape and resumes with
+    `[{"type": "accept"}]` from the thread's head checkpoint."""
+    thread = lg.threads.create()
+    asked = lg.runs.wait(thread["thread_id"], "approver", input=human("prod"))
+    value = asked["__interrupt__"][0]["value"]
+    assert value["action_request"] == {"action": "deploy", "args": {"env": "prod"}}
+    assert value["config"] == {
+        "allow_accept": True,
+        "allow_ignore": True,
+        "allow_respond": True,
+        "allow_edit": False,
+    }
+    head = lg.threads.get_state(thread["thread_id"])["checkpoint"]
+    done = lg.runs.wait(
+        thread["thread_id"],
+        "approver",
+        command={"resume": [{"type": "accept", "args": None}]},
+        checkpoint=head,
+    )
+    assert said(done)[-1] == ("ai", "deployed to prod")
+    lg.runs.wait(thread["thread_id"], "approver", input=human("staging"))
+    denied = lg.runs.wait(
+        thread["thread_id"], "approver", command={"resume": [{"type": "ignore", "args": None}]}
+    )
+    assert said(denied)[-1] == ("ai", "not deployed")
+    with pytest.raises(httpx.HTTPStatusError) as old:  # an earlier checkpoint would fork
+        lg.runs.wait(thread["thread_id"], "echo", input=human("x"), checkpoint=head)
+    assert old.value.response.status_code == 422
