@@ -264,9 +264,11 @@ class ThreadHistoryView(LangGraphView):
 
 
 class ThreadCopyView(LangGraphView):
+    """A copy of the thread's messages in a new thread of the same assistant (no runs come)."""
+
     def post(self, request, thread_id):
-        self.thread(thread_id)
-        raise inputs.invalid(NOT_SUPPORTED.format(what="Copying a thread"))
+        copied = lifecycle.copy_conversation(self.thread(thread_id).id, owner=user_of(request))
+        return Response(shapes.thread(copied))
 
 
 # --- runs ------------------------------------------------------------------------------------
@@ -329,9 +331,13 @@ def start(conversation: Conversation, data: dict, user) -> Run:
         return inputs.resume(conversation, command["resume"], user)
     text = inputs.text(data.get("input"))
     strategy = data.get("multitask_strategy") or MultitaskStrategy.ENQUEUE
-    metadata = inputs.metadata(data) or None
+    metadata = inputs.metadata(data)
+    configurable = (data.get("config") or {}).get("configurable")
+    if isinstance(configurable, dict) and configurable:
+        # Kept with the message, where the agent reads its run's metadata (ctx.metadata).
+        metadata = inputs.metadata({"metadata": {**metadata, "configurable": configurable}})
     run, _ = lifecycle.post_message(
-        conversation.id, text, author=user, metadata=metadata, strategy=strategy
+        conversation.id, text, author=user, metadata=metadata or None, strategy=strategy
     )
     return run
 

@@ -34,6 +34,7 @@ from .base import agent_name, conversation_id_of, info, progress_line
 from .conversations import (
     adopt_agent,
     cancel_waiting,
+    copy_conversation,
     create_conversation,
     host_conversation,
     post_message,
@@ -84,6 +85,7 @@ __all__ = [
     "post_message",
     "cancel_waiting",
     "adopt_agent",
+    "copy_conversation",
     "stop_run",
     "wait_for_run",
     "progress_line",

@@ -208,3 +208,9 @@ def wait_for_run(run_id: str, *, wait: float, settled: Collection[str]) -> Run:
             if run.status in settled or left <= 0:
                 return run
             woken.wait(min(left, 0.5))
+
+
+def copy_conversation(conversation_id: str, *, owner: Owner) -> Conversation:
+    """Copy a conversation's transcript into a new conversation of `owner` (a LangGraph thread's
+    copy); runs, actions and files are not copied."""
+    return store.copy_conversation(conversation_id, owner=owner)

@@ -250,6 +250,32 @@ def stop_run(run_id: str, request: str) -> Run | None:
         return run
 
 
+# The events a copy of a conversation carries: what its transcript reads.
+TRANSCRIPT = ("message.user", "message.assistant", "tool.result", "task.notification")
+
+
+def copy_conversation(conversation_id: str, *, owner: Any) -> Conversation:
+    """Copy a conversation's transcript into a new visible conversation of the same owner and
+    agent (a LangGraph thread's copy): its messages and tool results, in order, without runs,
+    actions or files."""
+    with transaction.atomic():
+        source = lock_conversation(conversation_id)
+        if source.deleting_at is not None:
+            raise ConversationNotFound(conversation_id)
+        metadata = {k: v for k, v in (source.metadata or {}).items() if k not in RESERVED_METADATA}
+        copy = Conversation.objects.create(
+            owner=owner, agent=source.agent, title=source.title, metadata=metadata
+        )
+        log = Log()
+        log.hold(lock_conversation(copy.id))
+        events = Event.objects.filter(conversation_id=source.id, type__in=TRANSCRIPT)
+        for event in events.order_by("seq"):
+            log.add(copy.id, event.type, event.data or {})
+        log.flush()
+        copy.refresh_from_db()
+        return copy
+
+
 @retried
 def adopt_agent(conversation_id: str, agent: str) -> Conversation:
     """Give a visible conversation created without an agent the agent of its first run (a

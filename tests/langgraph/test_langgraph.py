@@ -215,7 +215,7 @@ def test_bad_input_and_unsupported_routes_answer_in_langgraphs_shape(server, lg)
         ("post", "/store/items/search", {}, 404),
         ("post", "/runs/crons", {"assistant_id": "echo", "schedule": "* * * * *"}, 422),
         ("get", "/threads/nobody/state", None, 404),
-        ("post", f"/threads/{thread['thread_id']}/copy", {}, 422),
+        ("delete", f"/threads/{thread['thread_id']}/runs/nobody", None, 404),
         ("post", "/threads/search", {"limit": 0}, 422),
     ]
     for method, path, body, status in cases:
@@ -475,3 +475,23 @@ def test_agent_chat_uis_human_in_the_loop_shape_and_its_responses(lg, cluster):
     with pytest.raises(httpx.HTTPStatusError) as old:  # an earlier checkpoint would fork
         lg.runs.wait(thread["thread_id"], "echo", input=human("x"), checkpoint=head)
     assert old.value.response.status_code == 422
+
+
+def test_a_thread_is_copied_with_its_messages_and_config_is_kept(lg, cluster):
+    from agenttasks.models import Event
+
+    thread = lg.threads.create(metadata={"k": "v"})
+    lg.runs.wait(
+        thread["thread_id"],
+        "echo",
+        input=human("first"),
+        config={"configurable": {"user_id": "u1"}},
+    )
+    started = Event.objects.get(conversation_id=thread["thread_id"], type="message.user")
+    assert started.data["metadata"]["configurable"] == {"user_id": "u1"}  # ctx.metadata reads it
+    copy = lg.threads.copy(thread["thread_id"])
+    assert copy["thread_id"] != thread["thread_id"] and copy["metadata"]["k"] == "v"
+    assert said(copy["values"]) == [("human", "first"), ("ai", "Echo: first")]
+    after = lg.runs.wait(copy["thread_id"], "echo", input=human("second"))
+    assert said(after)[-2:] == [("human", "second"), ("ai", "Echo: second")]
+    assert len(said(lg.threads.get_state(thread["thread_id"])["values"])) == 2  # the original stays
