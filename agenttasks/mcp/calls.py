@@ -78,6 +78,7 @@ class Exchange:
     take: Callable[[str], caps.Held] | None = None
     client_fd: int | None = None
     held: caps.Held | None = None
+    name_header: str | None = None  # Mcp-Name as sent over HTTP (tasks/* checks it)
 
     @property
     def progress_token(self) -> Any:

@@ -18,7 +18,7 @@ from ..models import Task
 from ..runtime.base import release_connection
 from ..states import LIVE, TaskKind
 from ..toolkit import caps
-from . import calls, protocol, sessions, tools
+from . import calls, extension, protocol, sessions, tools
 from .calls import Exchange
 from .sessions import Caller, Session
 
@@ -34,6 +34,8 @@ def capabilities(modern: bool) -> dict:
     offered: dict[str, Any] = {"tools": {"listChanged": False}}
     if not modern:
         offered["logging"] = {}
+    else:  # an agent's call may run as a task the client follows (extension.py)
+        offered["extensions"] = {extension.EXTENSION: {}}
     return offered
 
 
@@ -66,12 +68,17 @@ def answer(exchange: Exchange) -> "dict | calls.CallFollower":
     """Return the JSON-RPC response to a request, or the follower of an agent's call that answers
     it."""
     session, message = exchange.session, exchange.message
+    if message.method in extension.METHODS:
+        result = extension.answer(session, message, exchange.name_header)
+        return protocol.response(message.id, result)
     protocol.check(message, session.version)
     method = message.method
     if method == "tools/call":
         out = call_tool(exchange)
         if isinstance(out, calls.CallFollower):
             return out
+        if isinstance(out, extension.TaskCreated):
+            return protocol.response(message.id, dict(out))
         result = out
     elif method == "tools/list":
         result = {"tools": tools.catalogue(), **(CACHE if session.modern else {})}
@@ -95,6 +102,16 @@ def call_tool(exchange: Exchange) -> "dict | calls.CallFollower":
     if not task_tool and agent is None:
         raise protocol.invalid_params(f"Unknown tool: {name}")
     args = tools.check(name, arguments)
+    if (
+        agent is not None
+        and exchange.session.tasks
+        and "inputResponses" not in exchange.message.params
+    ):
+        # The client follows the task itself: the task is made, and named, at once.
+        out = calls.start(exchange, agent.id, args)
+        if isinstance(out, calls.CallFollower):
+            return extension.created(Task.objects.select_related("run").get(pk=out.task_id))
+        return out
     if agent is not None:
         # The place is taken before the task is made: refused it (429), nothing was written.
         exchange.hold(caps.STREAM if exchange.streaming else caps.WAIT)

@@ -41,6 +41,7 @@ HANDSHAKE: tuple[str, ...] = tuple(HANDSHAKE_PROTOCOL_VERSIONS)  # the initializ
 MODERN: tuple[str, ...] = tuple(MODERN_PROTOCOL_VERSIONS)  # stateless, per-request envelope
 LATEST_HANDSHAKE = LATEST_HANDSHAKE_VERSION
 
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"  # SEP-2663 (extension.py)
 PROTOCOL_HEADER = "MCP-Protocol-Version"
 SESSION_HEADER = "Mcp-Session-Id"
 METHOD_HEADER = "Mcp-Method"
@@ -228,6 +229,12 @@ class Envelope:
     @property
     def elicitation(self) -> bool:
         return form_elicitation(self.capabilities)
+
+    @property
+    def tasks(self) -> bool:
+        """Whether the client declares the tasks extension on this request."""
+        extensions = self.capabilities.get("extensions")
+        return isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXTENSION), dict)
 
 
 _SENTINEL = re.compile(r"^=\?base64\?(?P<payload>.*)\?=$")

@@ -60,6 +60,7 @@ class Session:
     conversation_id: str
     elicitation: bool = False  # the client declared form elicitation
     token: str = ""  # 2025-11-25: the Mcp-Session-Id
+    tasks: bool = False  # 2026-07-28: the request declares the tasks extension (extension.py)
 
     @property
     def modern(self) -> bool:
@@ -124,4 +125,5 @@ def for_caller(caller: Caller, envelope: protocol.Envelope) -> Session:
         envelope.version,
         caller_conversation_id(caller.owner_id),
         envelope.elicitation,
+        tasks=envelope.tasks,
     )

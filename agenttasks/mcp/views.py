@@ -229,6 +229,7 @@ class McpView(AppPolicies):
             cancel_on_close=session.modern,
             take=self.take,
             client_fd=caps.client_socket(django_request),  # None under ASGI
+            name_header=self.request.headers.get(protocol.NAME_HEADER),
         )
         out = dispatch.answer(exchange)
         if isinstance(out, dict):

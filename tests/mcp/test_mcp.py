@@ -502,7 +502,8 @@ def test_a_failed_task_is_an_error_result_and_task_retry_resumes_it(host, cluste
     assert (card(failed)["status"], card(failed)["result"]) == ("failed", "kaboom"), text(failed)
     assert failed.structured_content["error"] == "kaboom"
     assert not retried.is_error, text(retried)
-    assert (card(retried)["status"], card(retried)["attempt"]) == ("working", "2")
+    # Resumed as attempt 2; boom fails again at once, so the card may already say so.
+    assert card(retried)["attempt"] == "2" and card(retried)["status"] in ("working", "failed")
 
 
 def readme_example() -> str:
