@@ -385,11 +385,12 @@ class RunView(LangGraphView):
         return Response(shapes.run(self.run(conversation, run_id)))
 
     def delete(self, request, thread_id, run_id):
-        conversation = self.thread(thread_id)
-        run = self.run(conversation, run_id)
-        if run.status not in RUN_ENDED:
-            raise errors.ApiError(409, "conflict", f"Run {run_id} has not ended; cancel it first")
-        raise inputs.invalid(NOT_SUPPORTED.format(what="Deleting a run's record"))
+        run = self.run(self.thread(thread_id), run_id)
+        if not lifecycle.delete_run(run.id):
+            raise errors.ApiError(
+                409, "conflict", f"Run {run_id} has not ended (or is a task's): cancel it first"
+            )
+        return Response(status=204)
 
 
 class RunJoinView(LangGraphView):

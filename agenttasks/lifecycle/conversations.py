@@ -214,3 +214,9 @@ def copy_conversation(conversation_id: str, *, owner: Owner) -> Conversation:
     """Copy a conversation's transcript into a new conversation of `owner` (a LangGraph thread's
     copy); runs, actions and files are not copied."""
     return store.copy_conversation(conversation_id, owner=owner)
+
+
+def delete_run(run_id: str) -> bool:
+    """Delete an ended run of a conversation without a task (its record; what it wrote stays);
+    False when it has not ended, or is a task's (a task keeps its runs)."""
+    return store.delete_run(run_id)

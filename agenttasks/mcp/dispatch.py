@@ -64,7 +64,7 @@ def discover() -> dict:
     }
 
 
-def answer(exchange: Exchange) -> "dict | calls.CallFollower":
+def answer(exchange: Exchange) -> "dict | calls.CallFollower | extension.TaskListener":
     """Return the JSON-RPC response to a request, or the follower of an agent's call that answers
     it."""
     session, message = exchange.session, exchange.message
@@ -73,6 +73,8 @@ def answer(exchange: Exchange) -> "dict | calls.CallFollower":
         return protocol.response(message.id, result)
     protocol.check(message, session.version)
     method = message.method
+    if method == "subscriptions/listen":
+        return extension.listen(exchange)
     if method == "tools/call":
         out = call_tool(exchange)
         if isinstance(out, calls.CallFollower):

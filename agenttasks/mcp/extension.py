@@ -12,10 +12,14 @@ it with `tasks/cancel`. The task is the same one REST, A2A, the admin and `task_
   result has `isError`, as fastmcp-tasks ends a tool error), or `cancelled`.
 - `tasks/update` applies the responses it carries before it is acknowledged, with REST's checks;
   a key that is unknown or already answered is ignored.
+- `subscriptions/listen` with `notifications.taskIds` opens a stream of `notifications/tasks`,
+  each the full task, sent on every status change of a listened task (read from the caller's
+  conversation's log, where its tasks' `task.status` events are mirrored: a `Follower`).
 - Another principal's task, like an unknown id, is INVALID_PARAMS; a `tasks/*` request from a
   client that did not declare the extension is MISSING_REQUIRED_CLIENT_CAPABILITY.
 """
 
+import logging
 from typing import Any
 
 from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
@@ -23,12 +27,16 @@ from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
 from .. import lifecycle
 from ..conf import app_settings
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
-from ..models import PendingAction, Task
+from ..models import Conversation, PendingAction, Task
+from ..runtime.base import release_connection
 from ..states import TaskStatus
+from ..toolkit.streams import Follower
 from . import elicitation, protocol
-from .calls import apply, outcome
+from .calls import Exchange, apply, outcome
 from .sessions import Session
 from .tools import TaskTools
+
+logger = logging.getLogger(__name__)
 
 EXTENSION = protocol.TASKS_EXTENSION
 METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
@@ -142,3 +150,72 @@ def update(session: Session, task: Task, responses: Any) -> None:
     for action, reply in replies:
         if reply.body is not None:
             apply(action, reply.body, session)
+
+
+# --- notifications/tasks ---------------------------------------------------------------------
+
+
+def listen(exchange: Exchange) -> "TaskListener":
+    """Open a `subscriptions/listen` stream of the listened tasks' `notifications/tasks` (the
+    ids the caller owns; others are left out of the acknowledgement, as unknown ones are)."""
+    session, message = exchange.session, exchange.message
+    wanted = (message.params.get("notifications") or {}).get("taskIds")
+    if not session.tasks:
+        raise missing()
+    if not exchange.streaming:
+        raise protocol.invalid_request("subscriptions/listen needs a stream (text/event-stream)")
+    if not isinstance(wanted, list) or not all(isinstance(i, str) for i in wanted):
+        raise protocol.invalid_params("Invalid params: notifications.taskIds must be a list of ids")
+    owned = TaskTools(session, message.id)
+    ids = []
+    for task_id in wanted:
+        try:
+            ids.append(owned.owned(task_id).id)
+        except TaskNotFound:
+            continue
+    return TaskListener(exchange, ids)
+
+
+class TaskListener(Follower):
+    """Send the full task on every status change of the tasks listened to."""
+
+    def __init__(self, exchange: Exchange, task_ids: list[str]):
+        super().__init__(exchange.held, exchange.client_fd)
+        self.exchange, self.task_ids = exchange, task_ids
+        self.conversation_id = exchange.session.conversation_id
+
+    def opening(self) -> list[str]:
+        self.last = (
+            Conversation.objects.filter(pk=self.conversation_id)
+            .values_list("last_seq", flat=True)
+            .first()
+            or 0
+        )
+        ack = {"notifications": {"taskIds": self.task_ids}}
+        out = [self.notify("notifications/subscriptions/acknowledged", ack)]
+        out += [self.task_frame(task_id) for task_id in self.task_ids]
+        release_connection()
+        return out
+
+    def poll(self) -> str:
+        try:
+            changed = []
+            for event in self.next_events(("task.status",)):
+                self.last = event.seq
+                if event.task_id in self.task_ids and event.task_id not in changed:
+                    changed.append(event.task_id)
+            return "".join(self.task_frame(task_id) for task_id in changed)
+        finally:
+            release_connection()
+
+    def task_frame(self, task_id: str) -> str:
+        task = Task.objects.select_related("run").get(pk=task_id)
+        return self.notify("notifications/tasks", get(self.exchange.session, task))
+
+    def notify(self, method: str, params: dict) -> str:
+        return self.exchange.frame(protocol.notification(method, params))
+
+    def failed(self, exc: Exception) -> str:
+        logger.error("mcp.listen_failed conversation=%s", self.conversation_id, exc_info=exc)
+        self.done = True
+        return ""

@@ -21,8 +21,9 @@ from django.db import close_old_connections, connection
 
 from ..conf import app_settings
 from ..toolkit import streams
+from ..toolkit.streams import Follower
 from . import dispatch, protocol, sessions
-from .calls import CallFollower, Exchange
+from .calls import Exchange
 from .notices import NoticeFollower
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class StdioServer:
             return
         exchange = Exchange(session, message, frame=self.frame, streaming=True)
         out = dispatch.answer(exchange)
-        if isinstance(out, CallFollower):
+        if isinstance(out, Follower):
             for text in streams.sync_stream(out):
                 self.write(text)
         else:

@@ -31,7 +31,7 @@ from ..toolkit import caps, errors, identity, streams
 from ..toolkit.policies import AppPolicies
 from ..toolkit.throttling import ScopeThrottle
 from . import dispatch, protocol, sessions
-from .calls import CallFollower, Exchange
+from .calls import Exchange
 from .notices import NoticeFollower
 from .protocol import McpError
 
@@ -219,7 +219,9 @@ class McpView(AppPolicies):
 
     def serve(self, session: sessions.Session, message: protocol.Message):
         json_ok, sse_ok = accepts(self.request)
-        stream = sse_ok and (not json_ok or message.method == "tools/call")
+        stream = sse_ok and (
+            not json_ok or message.method in ("tools/call", "subscriptions/listen")
+        )
         django_request = self.request._request
         exchange = Exchange(
             session,
@@ -241,7 +243,7 @@ class McpView(AppPolicies):
             return response
         return self.waited(out)
 
-    def waited(self, follower: CallFollower):
+    def waited(self, follower: streams.Follower):
         """Follow a call to its answer in this thread (the client takes no stream)."""
         text = "".join(t for t in streams.sync_stream(follower) if t != streams.KEEPALIVE)
         return HttpResponse(text, content_type=JSON)

@@ -13,6 +13,7 @@ from ..exceptions import ConversationBusy, ConversationNotFound, InvalidField
 from ..models import RESERVED_METADATA, Conversation, Event, PendingAction, Run, Task
 from ..models.action import PendingActionQuerySet
 from ..states import (
+    RUN_ENDED,
     RUN_UNFINISHED,
     ActionStatus,
     MultitaskStrategy,
@@ -248,6 +249,19 @@ def stop_run(run_id: str, request: str) -> Run | None:
         stop_one(log, run, request, now)
         log.flush()
         return run
+
+
+@retried
+def delete_run(run_id: str) -> bool:
+    """Delete an ended run of a conversation without a task with its settled actions (a
+    LangGraph run's record); what it wrote stays in the transcript. False when it has not ended
+    or is a task's."""
+    with transaction.atomic():
+        run = lock_run(run_id)
+        if run.task_id is not None or run.status not in RUN_ENDED:
+            return False
+        run.delete()
+        return True
 
 
 # The events a copy of a conversation carries: what its transcript reads.

@@ -190,7 +190,9 @@ def test_the_pooled_web_server_survives_its_connections_dying_without_a_500(pool
         assert set(
             pool.map(lambda _: httpx.get(tasks, headers=headers).status_code, range(40))
         ) == {200}
-    assert end_idle_sessions(name) > 2  # as a PostgreSQL restart does
+    # As a PostgreSQL restart does: every idle pooled connection dies (how many the pool opened
+    # for 8 threads depends on how the requests overlapped; two or more are needed to wait).
+    assert end_idle_sessions(name) >= 2
     # Each request is answered at once: a pool that waited 1, 2, 4 s between the dead
     # connections it finds would time out.
     statuses = Counter(httpx.get(tasks, headers=headers, timeout=3).status_code for _ in range(40))

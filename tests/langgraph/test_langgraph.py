@@ -495,3 +495,19 @@ def test_a_thread_is_copied_with_its_messages_and_config_is_kept(lg, cluster):
     after = lg.runs.wait(copy["thread_id"], "echo", input=human("second"))
     assert said(after)[-2:] == [("human", "second"), ("ai", "Echo: second")]
     assert len(said(lg.threads.get_state(thread["thread_id"])["values"])) == 2  # the original stays
+
+
+def test_an_ended_runs_record_is_deleted_and_its_messages_stay(lg, cluster):
+    thread = lg.threads.create()
+    slow = lg.runs.create(thread["thread_id"], "slow", input=human("nap"), metadata={"seconds": 30})
+    with pytest.raises(httpx.HTTPStatusError) as busy:  # not ended: cancel it first
+        lg.runs.delete(thread["thread_id"], slow["run_id"])
+    assert busy.value.response.status_code == 409
+    lg.runs.cancel(thread["thread_id"], slow["run_id"], wait=True)
+    done = lg.runs.create(thread["thread_id"], "slow", input=human("kept"), metadata={"seconds": 0})
+    lg.runs.join(thread["thread_id"], done["run_id"])
+    lg.runs.delete(thread["thread_id"], done["run_id"])
+    with pytest.raises(httpx.HTTPStatusError) as gone:
+        lg.runs.get(thread["thread_id"], done["run_id"])
+    assert gone.value.response.status_code == 404
+    assert ("ai", "Slept 0s") in said(lg.threads.get_state(thread["thread_id"])["values"])

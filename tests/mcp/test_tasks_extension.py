@@ -218,3 +218,38 @@ def test_the_docs_example_runs(server, alice, cluster, capsys):
     exec(compile(snippet, "docs/mcp.md", "exec"), {})
     task_id, reply = capsys.readouterr().out.strip().split(" ", 1)
     assert task_id.startswith("task_") and reply == "Echo: hi"
+
+
+def test_notifications_tasks_arrive_for_a_listened_task(server, alice, bob, cluster):
+    import json
+
+    async def body(client):
+        task = await call_tool_task(client, "slow", {"input": "nap", "metadata": {"seconds": 1}})
+        return task.task_id
+
+    task_id = run(server, alice, body)
+    others = run(server, bob, lambda c: call_tool_task(c, "echo", {"input": "theirs"}))
+    params = {"notifications": {"taskIds": [task_id, others.task_id]}, "_meta": envelope()}
+    request = {"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": params}
+    seen = []
+    with httpx.stream(
+        "POST",
+        server + PATH,
+        json=request,
+        headers=headers_for(alice, "subscriptions/listen"),
+        timeout=60,
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            message = json.loads(line[len("data: ") :])
+            seen.append(message)
+            if message["params"].get("status") == "completed":
+                break
+    ack, *notes = seen
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"]["notifications"]["taskIds"] == [task_id]  # bob's is not alice's
+    assert {n["method"] for n in notes} == {"notifications/tasks"}
+    assert all(n["params"]["taskId"] == task_id for n in notes)
+    assert notes[-1]["params"]["result"]["content"][0]["text"] == "Slept 1s"
