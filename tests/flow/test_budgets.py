@@ -1,7 +1,7 @@
 """The shared budget of a model endpoint (agenttasks.flow.budgets): spacing, tokens, refusals,
 concurrency, and threads that reserve at once."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.core.management import call_command
@@ -54,7 +54,8 @@ def test_a_start_beyond_the_horizon_is_a_place_in_the_parked_line_not_a_turn():
     assert again.start == parked[0].start  # a run parked before is not sent to the back
     assert direct.start == parked[0].start and not direct.later
     line = ProviderBudget.objects.get(pk="llm").parked_lines[":0"]  # anonymous, priority 0
-    assert line == (parked[2].start + timedelta(seconds=spacing)).isoformat()
+    # Compared as instants: PostgreSQL writes 30.49132 where Python writes 30.491320.
+    assert datetime.fromisoformat(line) == parked[2].start + timedelta(seconds=spacing)
 
 
 def test_each_owner_and_priority_parks_in_a_line_of_its_own():
