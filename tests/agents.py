@@ -108,6 +108,8 @@ TEST_AGENTS = {
     "echo": {"handler": echo},
     "gate": {"handler": gate},
     "slow": {"handler": slow},
+    # slow, and tried again when its worker dies under it (docs/lifecycle.md#automatic-retries)
+    "sturdy": {"handler": slow, "retry": {"max_attempts": 2, "backoff_seconds": 0.1}},
     "clarify": {"handler": clarify},
     "boom": {"handler": boom},
     "counter": {"handler": counter},

@@ -37,11 +37,13 @@ def comment(
     metadata: dict[str, Any] | None = None,
     origin: str = "comment",
     files: list[Any] | None = None,
+    answering: str | None = None,
 ) -> Comment:
     """Add a user comment: it re-opens a finished task (or answers a clarification) on a new run.
 
     `origin="message"` is a message posted to the task's own conversation, refused while that
-    conversation is busy. The comment comes back with `comment.task`, the task as it left it.
+    conversation is busy. `answering` (a run id) makes it only the answer to the clarification
+    that run asked. The comment comes back with `comment.task`, the task as it left it.
     """
     refusal = message_refusal if origin == "message" else comment_refusal
     task = read(task_id)
@@ -57,6 +59,7 @@ def comment(
         trigger=RunTrigger.MESSAGE if origin == "message" else RunTrigger.COMMENT,
         files=files,
         owner_limit=app_settings.MAX_ACTIVE_TASKS_PER_USER,
+        answering=answering,
     )
     if not won:
         # Another writer moved the task between the check and the re-open: say what it is now.

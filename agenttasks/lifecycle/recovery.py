@@ -17,6 +17,7 @@ from ..store.files import remove_now, remove_stored
 from .answering import expire_actions
 from .effects import announce
 from .endings import on_run_finished
+from .retries import retry_orphan
 from .stopping import stop_tree
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def recover() -> list[Task]:
     """Run one reaper pass: orphans, stuck endings, dead taskless runs, requeues, timeouts,
     deliveries."""
     try:
-        orphans = store.fail_orphans()
+        orphans = store.fail_orphans(retried_instead=retry_orphan)
     except DatabaseError as exc:
         raise StoreError.failing_orphans(exc) from exc
     if orphans:

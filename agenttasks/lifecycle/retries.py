@@ -3,7 +3,7 @@ retries by an agent's retry policy."""
 
 import logging
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 
@@ -12,7 +12,7 @@ from ..conf import app_settings
 from ..exceptions import LaunchFailed, NotRetryable, RetryConflict, RetryLimit, TaskError, TaskLimit
 from ..models import Task
 from ..operations import metrics
-from ..states import TaskStatus
+from ..states import OutcomeStatus, TaskStatus
 from ..store import faults
 from ..types import RunOutcome, TaskInfo
 from .base import DELEGATE, check_agent, info, read, refuse
@@ -74,9 +74,12 @@ def retry_refusal(task: Task) -> TaskError | None:
     return None
 
 
-def retry_later(task: Task, run_id: str, outcome: RunOutcome) -> bool:
+def retry_later(
+    task: Task, run_id: str, outcome: RunOutcome, lease_cutoff: datetime | None = None
+) -> bool:
     """Try a task again after its run failed for a passing reason, as its agent's retry policy
-    allows (docs/lifecycle.md#automatic-retries); whether the next attempt was queued."""
+    allows (docs/lifecycle.md#automatic-retries); whether the next attempt was queued.
+    `lease_cutoff`: the run is an orphan the reaper found silent since then."""
     if not outcome.retryable or task.kind == DELEGATE:
         return False
     try:
@@ -89,7 +92,7 @@ def retry_later(task: Task, run_id: str, outcome: RunOutcome) -> bool:
     delay = policy.delay(attempt, random.random())
     not_before = timezone.now() + timedelta(seconds=delay)
     new_run_id = ids.new_run_id()
-    won = store.retry_later(task.id, run_id, new_run_id, outcome, not_before)
+    won = store.retry_later(task.id, run_id, new_run_id, outcome, not_before, lease_cutoff)
     if won is None:
         return False
     logger.info("lifecycle.retry_later task=%s attempt=%d in=%.1fs", task.id, attempt + 1, delay)
@@ -97,3 +100,16 @@ def retry_later(task: Task, run_id: str, outcome: RunOutcome) -> bool:
     announce(won)
     launch_durable(new_run_id)
     return True
+
+
+def retry_orphan(task_id: str, run_id: str, lease_cutoff: datetime) -> bool:
+    """Queue the next attempt of a task whose worker died under its run, as its agent's retry
+    policy allows; whether it did (if not, the reaper fails the task)."""
+    orphan = RunOutcome(
+        run_id, OutcomeStatus.FAILED, error=store.ORPHAN_TEXT, append_message=False, retryable=True
+    )
+    try:
+        task = read(task_id)
+    except TaskError:
+        return False
+    return retry_later(task, run_id, orphan, lease_cutoff)

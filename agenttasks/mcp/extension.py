@@ -8,7 +8,8 @@ it with `tasks/cancel`. The task is the same one REST, A2A, the admin and `task_
 
 - `tasks/get` maps the task: pending and running are `working`; waiting on an approval or a
   question is `input_required` with `inputRequests` (the form elicitations of its pending
-  actions, keyed by action id); an ending is `completed` with the tool's result (a failed agent's
+  actions, keyed by action id; a legacy clarification's one free answer, keyed by its run, which
+  `tasks/update` posts as a comment); an ending is `completed` with the tool's result (a failed agent's
   result has `isError`, as fastmcp-tasks ends a tool error), or `cancelled`.
 - `tasks/update` applies the responses it carries before it is acknowledged, with REST's checks;
   a key that is unknown or already answered is ignored.
@@ -22,7 +23,9 @@ it with `tasks/cancel`. The task is the same one REST, A2A, the admin and `task_
 import logging
 from typing import Any
 
+from mcp_types import ElicitResult
 from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
+from pydantic import ValidationError
 
 from .. import lifecycle
 from ..conf import app_settings
@@ -31,7 +34,7 @@ from ..models import Conversation, PendingAction, Task
 from ..runtime.base import release_connection
 from ..states import TaskStatus
 from ..toolkit.streams import Follower
-from . import elicitation, protocol
+from . import elicitation, protocol, tools
 from .calls import Exchange, apply, outcome
 from .sessions import Session
 from .tools import TaskTools
@@ -80,7 +83,7 @@ def fields(task: Task) -> dict[str, Any]:
 
 
 def status(task: Task) -> str:
-    if task.status == TaskStatus.WAITING_FOR_INPUT and waiting(task):
+    if task.status == TaskStatus.WAITING_FOR_INPUT:
         return "input_required"
     if task.status == TaskStatus.CANCELLED:
         return "cancelled"
@@ -93,6 +96,22 @@ def waiting(task: Task) -> list[PendingAction]:
     return list(
         PendingAction.objects.filter(pk__in=lifecycle.waiting_on(task)).order_by("created_at", "id")
     )
+
+
+def input_requests(task: Task) -> dict:
+    """The elicitations a waiting task asks for: one per pending action, by its id; or, for a
+    legacy clarification (no actions: the agent's reply is its question), one free answer keyed
+    by the run that asked (a new question is a new run, so keys stay unique)."""
+    actions = waiting(task)
+    if actions:
+        return elicitation.input_requests(actions)
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "title": "Answer"}},
+        "required": ["answer"],
+    }
+    params = {"mode": "form", "message": tools.question(task), "requestedSchema": schema}
+    return {task.run_id: {"method": "elicitation/create", "params": params}}
 
 
 def answer(session: Session, message: protocol.Message, name_header: str | None) -> dict:
@@ -130,7 +149,7 @@ def get(session: Session, task: Task) -> dict:
     """The `GetTaskResult` of a task: its fields, and its result, error or input requests."""
     out: dict[str, Any] = {"resultType": "complete", **fields(task)}
     if out["status"] == "input_required":
-        out["inputRequests"] = elicitation.input_requests(waiting(task))
+        out["inputRequests"] = input_requests(task)
     elif out["status"] == "completed":
         out["result"] = outcome(task, session.caller.mount_url)
     return out
@@ -141,6 +160,8 @@ def update(session: Session, task: Task, responses: Any) -> None:
     that is unknown or answered already is ignored."""
     if not isinstance(responses, dict):
         raise protocol.invalid_params("Invalid params: inputResponses must be an object")
+    if task.status == TaskStatus.WAITING_FOR_INPUT and task.run_id in responses:
+        answer_clarification(session, task, responses[task.run_id])
     open_actions = {a.id: a for a in waiting(task)}
     replies = [
         (open_actions[key], elicitation.read_result(open_actions[key], response))
@@ -150,6 +171,21 @@ def update(session: Session, task: Task, responses: Any) -> None:
     for action, reply in replies:
         if reply.body is not None:
             apply(action, reply.body, session)
+
+
+def answer_clarification(session: Session, task: Task, response: Any) -> None:
+    """Answer a legacy clarification with a comment, as REST does; a stale key is ignored."""
+    try:
+        parsed = ElicitResult.model_validate(response)
+    except ValidationError:
+        raise protocol.invalid_params(f"Not an elicitation result for {task.run_id}") from None
+    text = (parsed.content or {}).get("answer")
+    if parsed.action != elicitation.ACCEPT or not isinstance(text, str) or not text.strip():
+        return  # declined or empty: the question stays open
+    try:
+        lifecycle.comment(task.id, text, author=session.caller.user, answering=task.run_id)
+    except TaskError as exc:
+        logger.info("mcp.clarification_refused task=%s: %s", task.id, exc)  # answered meanwhile
 
 
 # --- notifications/tasks ---------------------------------------------------------------------

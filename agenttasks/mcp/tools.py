@@ -260,17 +260,21 @@ def waiting_text(task: Task) -> str:
     )
     if actions:
         return elicitation.describe(actions)
-    # A legacy clarification: the agent's question is its reply, answered by a comment.
-    question = (
+    return (
+        f"waiting for input: {question(task)}\n"
+        f"(a clarification: comment on the task over REST, POST /tasks/{task.id}/comments)"
+    )
+
+
+def question(task: Task) -> str:
+    """Return a legacy clarification's question: the agent's reply, answered by a comment."""
+    asked = (
         Comment.objects.filter(task_id=task.id, role=Comment.Role.AGENT)
         .order_by("-created_at")
         .values_list("content", flat=True)
         .first()
     )
-    return (
-        f"waiting for input: {question or task.summary}\n"
-        f"(a clarification: comment on the task over REST, POST /tasks/{task.id}/comments)"
-    )
+    return asked or task.summary
 
 
 # --- the task tools ----------------------------------------------------------------------------

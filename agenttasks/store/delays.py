@@ -15,7 +15,7 @@ from ..conf import app_settings
 from ..models import Task
 from ..states import RunStatus, RunTrigger, StopRequest, TaskStatus
 from ..types import RunOutcome
-from .endings import record_end
+from .endings import orphaned, record_end
 from .locking import Log, hold_task, lock_task, retried, task_status, user_message
 from .rows import move_to_new_run, new_run, save_task, set_status
 from .tasks import RETRY_PROMPT
@@ -34,17 +34,25 @@ def _executing(task: Task, run_id: str) -> bool:
 
 @retried
 def retry_later(
-    task_id: str, run_id: str, new_run_id: str, outcome: RunOutcome, not_before: datetime
+    task_id: str,
+    run_id: str,
+    new_run_id: str,
+    outcome: RunOutcome,
+    not_before: datetime,
+    lease_cutoff: datetime | None = None,
 ) -> Task | None:
     """Record the run's failure and queue the task's next attempt to start at `not_before`.
 
     The failed run stays in the task's history; the task is pending on the new run, whose
-    input says why the last attempt failed (as a retry's does). None when the race was lost.
+    input says why the last attempt failed (as a retry's does). `lease_cutoff` makes it the
+    reaper's: only a run silent since then is retried. None when the race was lost.
     """
     now = timezone.now()
     with transaction.atomic():
         task = lock_task(task_id)
         if not _executing(task, run_id):
+            return None
+        if lease_cutoff is not None and not orphaned(task, task.run, lease_cutoff):
             return None
         log = Log()
         hold_task(log, task)

@@ -96,7 +96,7 @@ def _end_locked(
         recorded = outcome is not None and _record_left_run(log, run_id, outcome, now)
         return Ended(recorded=recorded, task=None)
     run = task.run
-    if lease_cutoff is not None and not _orphaned(task, run, lease_cutoff):
+    if lease_cutoff is not None and not orphaned(task, run, lease_cutoff):
         return Ended(recorded=False, task=None)
     recorded = False
     if outcome is not None and run.status in (RunStatus.RUNNING, RunStatus.PAUSED):
@@ -121,7 +121,8 @@ def _record_left_run(log: Log, run_id: str, outcome: RunOutcome, now: datetime) 
     return True
 
 
-def _orphaned(task: Task, run: Run, cutoff: datetime) -> bool:
+def orphaned(task: Task, run: Run, cutoff: datetime) -> bool:
+    """Say whether the locked task runs on `run`, silent since `cutoff` (its worker died)."""
     seen = run.heartbeat_at if run.heartbeat_at is not None else run.started_at
     return (
         task.status == TaskStatus.RUNNING

@@ -6,6 +6,7 @@ takes its candidates from a QuerySet here (`orphans`, `stale_queued`, `lapsed_ac
 `owed_wakeups`), which the reaper's dry run (`reaper.preview`) lists without writing.
 """
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import connection, models, transaction
@@ -72,13 +73,20 @@ def orphans(cutoff: datetime) -> models.QuerySet[Task]:
     return Task.objects.visible().filter(status=TaskStatus.RUNNING, run__in=silent_runs(cutoff))
 
 
-def fail_orphans() -> list[Task]:
-    """Fail every running task whose run's lease expired, with its debt and events."""
+def fail_orphans(retried_instead: Callable[[str, str, datetime], bool] | None = None) -> list[Task]:
+    """Fail every running task whose run's lease expired, with its debt and events.
+
+    `retried_instead(task_id, run_id, cutoff)`, when given, may queue an orphan's next attempt
+    instead (its agent's retry policy: a lost worker is a failure that may pass); it says
+    whether it did.
+    """
     cutoff = lease_cutoff()
     candidates = orphans(cutoff).values_list("pk", "run_id")[:BATCH]
     failed = []
     text = ORPHAN_TEXT
     for task_id, run_id in list(candidates):
+        if retried_instead is not None and retried_instead(task_id, run_id, cutoff):
+            continue
         orphan = RunOutcome(None, TaskStatus.FAILED, error=text, append_message=False)
         ending = Ending(
             TaskStatus.FAILED, summary=text, error=text, reason=StopReason.LEASE_EXPIRED

@@ -492,11 +492,13 @@ def reopen(
     files: list[Any] | None = None,
     notification_task_ids: list[Any] | None = None,
     owner_limit: int = 0,
+    answering: str | None = None,
 ) -> Task | None:
     """Re-open a finished task (or one waiting on a clarification) on a new run, same attempt.
 
     A `comment` or `message` trigger records a user Comment (returned as `task.new_comment`);
-    a `wakeup` trigger writes the content as a task.notification event.
+    a `wakeup` trigger writes the content as a task.notification event. `answering` binds it to
+    the clarification that run asked: None unless the task still waits on it.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -509,6 +511,8 @@ def reopen(
             task.status == TaskStatus.WAITING_FOR_INPUT and task.run.status != RunStatus.PAUSED
         )
         if task.status not in TERMINAL and not waiting_on_clarification:
+            return None
+        if answering is not None and not (waiting_on_clarification and task.run_id == answering):
             return None
         if task.status in TERMINAL and over_limit(task.owner_id, owner_limit):
             raise ActiveTaskLimit(owner_limit)

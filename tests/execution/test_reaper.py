@@ -20,8 +20,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ORPHAN = "The server stopped while the task was running"
 
 
-def orphaned(user):
-    task = store.create_task(NewTask(owner=user, agent="echo", input="x"))
+def orphaned(user, agent="echo"):
+    task = store.create_task(NewTask(owner=user, agent=agent, input="x"))
     store.claim(task.run_id, "gone")
     Run.objects.filter(pk=task.run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
     return task
@@ -45,6 +45,26 @@ def test_a_pass_fails_the_orphan(user):
     out = StringIO()
     call_command("agenttasks_reap", stdout=out)
     assert out.getvalue().strip() == "failed: 0"
+
+
+def test_a_pass_tries_an_orphan_again_when_its_agents_retry_policy_allows(user):
+    task = orphaned(user, agent="sturdy")
+    out = StringIO()
+    call_command("agenttasks_reap", stdout=out)
+    assert out.getvalue().strip() == "failed: 0"
+    retried = Task.objects.get(pk=task.id)
+    assert (retried.status, retried.attempt, retried.error) == ("pending", 2, "")
+    lost = Run.objects.get(pk=task.run_id)
+    assert (lost.status, lost.error) == ("failed", ORPHAN)
+    nxt = retried.run
+    assert nxt.trigger == "retry" and nxt.not_before is not None and ORPHAN in nxt.input
+    # Its second attempt lost too: the policy is spent, and the task fails as any orphan does.
+    store.claim(nxt.pk, "gone")
+    Run.objects.filter(pk=nxt.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    out = StringIO()
+    call_command("agenttasks_reap", stdout=out)
+    assert f'failed: 1 ["{task.id}"]' in out.getvalue()
+    assert Task.objects.get(pk=task.id).error == ORPHAN
 
 
 def test_the_schedule_is_installed_once(db):

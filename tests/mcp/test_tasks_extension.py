@@ -111,6 +111,28 @@ def test_a_question_is_input_required_and_answered_through_elicitation(server, a
     assert "q1" in asked[0]["properties"]
 
 
+def test_a_legacy_clarification_is_input_required_and_answered_as_a_comment(server, alice, cluster):
+    asked = []
+
+    async def answer(message, response_type, params, context):
+        asked.append((message, params.requested_schema))
+        return {"answer": "PDF"}
+
+    async def body(client):
+        task = await call_tool_task(client, "clarify", {"input": "report"})
+        waiting = await task.wait(state="input_required", timeout=30)
+        return task.task_id, waiting, await task.result()
+
+    task_id, waiting, result = run(server, alice, body, answer=answer)
+    (key,) = waiting.input_requests
+    assert key.startswith("run_")  # the run that asked: a later question is another run
+    assert text(result) == "Done in PDF"
+    message, schema = asked[0]
+    assert message == "Which format?" and schema["required"] == ["answer"]
+    comments = Task.objects.get(pk=task_id).comments.values_list("role", "content")
+    assert ("user", "PDF") in list(comments)
+
+
 @pytest.mark.parametrize("approved", [True, False])
 def test_an_approval_is_approved_or_declined(server, alice, cluster, approved):
     async def answer(message, response_type, params, context):
@@ -253,3 +275,30 @@ def test_notifications_tasks_arrive_for_a_listened_task(server, alice, bob, clus
     assert {n["method"] for n in notes} == {"notifications/tasks"}
     assert all(n["params"]["taskId"] == task_id for n in notes)
     assert notes[-1]["params"]["result"]["content"][0]["text"] == "Slept 1s"
+
+
+def test_a_clarification_answered_by_tasks_update_is_checked_and_its_key_goes_stale(
+    server, alice, cluster
+):
+    async def body(client):
+        return (await call_tool_task(client, "clarify", {"input": "report"})).task_id
+
+    task_id = run(server, alice, body)
+    asking = wait_for(
+        lambda: Task.objects.filter(pk=task_id, status="waiting_for_input").first(), timeout=30
+    )
+    key = asking.run_id
+
+    def update(response):
+        params = {"taskId": task_id, "inputResponses": {key: response}}
+        return rpc(server, alice, "tasks/update", params, name=task_id)
+
+    assert update("HTML")["error"]["code"] == -32602  # not an elicitation result
+    assert update({"action": "decline"})["result"] == {"resultType": "complete"}
+    assert Task.objects.get(pk=task_id).status == "waiting_for_input"  # a decline answers nothing
+    assert update({"action": "accept", "content": {"answer": "HTML"}})["result"]
+    wait_for(lambda: Task.objects.get(pk=task_id).status == "completed", timeout=30)
+    assert update({"action": "accept", "content": {"answer": "PDF"}})["result"]  # stale: ignored
+    got = rpc(server, alice, "tasks/get", {"taskId": task_id})["result"]
+    assert got["result"]["content"][0]["text"] == "Done in HTML"
+    assert Task.objects.get(pk=task_id).comments.filter(role="user").count() == 1

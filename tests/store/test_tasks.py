@@ -332,6 +332,17 @@ class TestReopen:
         with pytest.raises(TaskNotFound):
             store.reopen("task_nope", ids.new_run_id(), "x")
 
+    def test_an_answer_bound_to_a_clarification_takes_only_that_one(self, parent):
+        task = started(parent)
+        store.pause(task.id, task.run_id, clarification="Which?")
+        asked = task.run_id
+        assert store.reopen(task.id, ids.new_run_id(), "x", answering="run_other") is None
+        answered = store.reopen(task.id, ids.new_run_id(), "PDF", answering=asked)
+        assert answered and answered.new_comment.content == "PDF"
+        store.finalize(task.id, answered.run_id, "completed", summary="s", result="r")
+        # Ended: the same answer again would re-open it; bound to its question, it is refused.
+        assert store.reopen(task.id, ids.new_run_id(), "PDF", answering=asked) is None
+
 
 # --- request_stop ----------------------------------------------------------------------------
 
