@@ -63,3 +63,21 @@ def test_an_unknown_user_is_refused(transactional_db):
         stdin=subprocess.DEVNULL,
     )
     assert out.returncode != 0 and "No active user 'nobody'" in out.stderr
+
+
+def test_stdio_answers_a_tasks_extension_call_with_a_task(alice, cluster):
+    from fastmcp import Client as FastMCPClient
+    from fastmcp.client.transports import StdioTransport
+    from fastmcp_tasks import call_tool_task
+
+    params = stdio_server("alice")
+    transport = StdioTransport(params.command, params.args, env=params.env, cwd=params.cwd)
+
+    async def body():
+        async with FastMCPClient(transport, mode="2026-07-28", timeout=60) as client:
+            task = await call_tool_task(client, "echo", {"input": "a task over stdio"})
+            return task.task_id, await task.wait(timeout=30), await task.result()
+
+    task_id, final, result = asyncio.run(body())
+    assert task_id.startswith("task_") and final.status == "completed"
+    assert text(result) == "Echo: a task over stdio"
