@@ -25,7 +25,7 @@ $(VENV)/.demo: pyproject.toml
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(QUIET_BUILD) $(PY) -m pip install -q -e ".[postgres,redis,a2a,mcp]" --group dev
+	$(QUIET_BUILD) $(PY) -m pip install -q -e ".[postgres,redis,a2a,mcp,otel]" --group dev
 	touch $@ $(VENV)/.demo
 
 install-demo: $(VENV)/.demo

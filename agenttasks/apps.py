@@ -25,6 +25,11 @@ class AgentTasksConfig(AppConfig):
         # django-q2 forks its workers from a process that may hold pooled connections.
         forking.install_fork_guard()
 
+        # Traces, when TRACING is on (the `otel` extra): before any request or run starts.
+        from .operations import tracing
+
+        tracing.setup()
+
         # Deleting a user stops their work and removes their files before the rows cascade.
         pre_delete.connect(
             _delete_users_work, sender=settings.AUTH_USER_MODEL, dispatch_uid="agenttasks.user"

@@ -105,6 +105,12 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_ENABLED": False,
     "METRICS_TOKEN": None,
     "RETENTION": {"finished_days": 30, "idempotency_hours": 24, "failures_days": 7},
+    # OpenTelemetry traces, with the `otel` extra (docs/operating.md#traces): the exporter is
+    # configured by the OTEL_* environment variables; message content only with TRACE_CONTENT;
+    # TRACE_URL ("https://viewer/trace/{trace_id}") links the admin's task page to its trace.
+    "TRACING": False,
+    "TRACE_CONTENT": False,
+    "TRACE_URL": "",
 }
 
 # Integer settings where 0 is a value of its own ("no limit", "no retries").

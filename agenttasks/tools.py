@@ -3,13 +3,16 @@
 One vocabulary for every tool a model can call: an agent's own `@tool` functions, the shipped
 `ask_user`, the four background-task tools and the `task` delegation tool are all `ToolSpec`s, a
 call of any of them returns a `ToolResult`, and `check_arguments` is the one validator of a
-call's arguments. This module imports nothing of agenttasks, so the registry can stand on it.
+call's arguments. This module imports nothing of agenttasks but the tracing hook (which imports
+only the settings), so the registry can stand on it.
 """
 
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from .operations import tracing
 
 DEFAULT_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -206,9 +209,26 @@ class ToolSpec:
     def run(self, args: dict, tool_call_id: str = "", *, ctx=None) -> ToolResult:
         """Run the tool on arguments that need no check (checked, or approved by a person).
 
-        `ctx` is the calling run's RunContext, None when a site's own loop calls the tool.
+        `ctx` is the calling run's RunContext, None when a site's own loop calls the tool. It is
+        traced as `execute_tool {name}` (docs/operating.md#traces).
         """
-        return as_result(self.func(ToolContext(ctx, tool_call_id), args))
+        with tracing.span(
+            f"execute_tool {self.name}",
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": self.name,
+                "gen_ai.tool.type": "function",
+                "gen_ai.tool.call.id": tool_call_id or None,
+            },
+        ) as traced:
+            traced.content("gen_ai.tool.call.arguments", args)
+            result = as_result(self.func(ToolContext(ctx, tool_call_id), args))
+            traced.content("gen_ai.tool.call.result", result.text)
+            # spawn_task's child, which the child's own `invoke_agent` span continues.
+            traced.set("agenttasks.child.task_id", (result.details or {}).get("task_id"))
+            if result.is_error:
+                traced.fail("tool_error")
+            return result
 
 
 def tool(

@@ -5,6 +5,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import ids
+from ..operations import tracing
 from ..states import RUN_ACTIVE, RUN_UNFINISHED, RunStatus, RunTrigger, StopRequest
 
 
@@ -141,6 +142,11 @@ class Run(models.Model):
         blank=True,
         help_text="What of this run's usage and tool calls its `counted in` run has absorbed "
         "(a paused child keeps spending after its escalation was reported).",
+    )
+    # The W3C trace context current when it was written (docs/operating.md#traces): "" while
+    # tracing is off.
+    traceparent = models.CharField(
+        "trace context", max_length=55, blank=True, default=tracing.current_traceparent
     )
     created_at = models.DateTimeField("created", auto_now_add=True)
 

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from .. import ids
 from ..exceptions import TaskNotFound
+from ..operations import tracing
 from ..states import LIVE, TaskKind, TaskStatus
 
 
@@ -161,6 +162,11 @@ class Task(models.Model):
     version = models.PositiveIntegerField("version", default=0)
     callback_version = models.PositiveIntegerField("callback version", default=0)
     metadata = models.JSONField("metadata", default=dict, blank=True)
+    # The W3C trace context current when it was written (docs/operating.md#traces): "" while
+    # tracing is off.
+    traceparent = models.CharField(
+        "trace context", max_length=55, blank=True, default=tracing.current_traceparent
+    )
     created_at = models.DateTimeField("created", default=timezone.now)
     updated_at = models.DateTimeField("updated", default=timezone.now)
     started_at = models.DateTimeField("started", null=True, blank=True)

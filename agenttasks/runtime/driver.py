@@ -19,7 +19,7 @@ from ..broker.listen import hub, process_name, stop_key, task_key
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
 from ..models import Run
-from ..operations import metrics
+from ..operations import metrics, tracing
 from ..states import OutcomeStatus, StopRequest
 from ..store import faults
 from ..types import RunOutcome
@@ -260,14 +260,17 @@ def drive(run: Run, worker: str, **context) -> None:
     heartbeat.start()
     begun = time.monotonic()
     try:
-        outcome = _execute(run, flag, **context)
-        seconds = time.monotonic() - begun
-        try:
-            reconnecting(
-                lambda: lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
-            )
-        except (TaskNotFound, RunNotFound):
-            logger.info("worker.tree_deleted run=%s", run.id)
+        # Its ending is in its span too: a wake-up or retry it records links back to it.
+        with tracing.run_span(run) as traced:
+            outcome = _execute(run, flag, **context)
+            seconds = time.monotonic() - begun
+            tracing.ended(traced, outcome)
+            try:
+                reconnecting(
+                    lambda: lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
+                )
+            except (TaskNotFound, RunNotFound):
+                logger.info("worker.tree_deleted run=%s", run.id)
         metrics.record_run(run, outcome.status, seconds, outcome.usage)
     finally:
         heartbeat.stop()

@@ -24,7 +24,7 @@ from .. import __version__
 from ..conf import app_settings
 from ..flow import budgets, hints
 from ..models import Run
-from ..operations import metrics
+from ..operations import metrics, tracing
 from .base import RunContext, RunStopped, release_connection
 from .budget import Budget, BudgetExceeded
 from .streaming import Accumulator, StreamCut, StreamError
@@ -93,6 +93,7 @@ class Response:
     content: str | None
     calls: list[dict]
     usage: dict = field(default_factory=dict)
+    finish_reason: str = ""
 
 
 def request_body(model: str, messages: list, tools: list, params: dict) -> bytes:
@@ -144,16 +145,19 @@ def parse_response(response: httpx.Response) -> Response:
             f"Model server returned malformed JSON: {response.text[:200].strip()}"
         ) from None
     choices = data.get("choices") if isinstance(data, dict) else None
-    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message")
     if not isinstance(message, dict):
         raise ModelError("Model server response has no choices[0].message")
-    return from_message(message, data.get("usage"))
+    return from_message(message, data.get("usage"), choice.get("finish_reason") or "")
 
 
-def from_message(message: dict, usage) -> Response:
+def from_message(message: dict, usage, finish_reason: str = "") -> Response:
     """Return a Response from `choices[0].message` and `usage` (answered whole or joined from a
     stream)."""
-    return Response(_content(message.get("content")), _calls(message), _usage(usage))
+    return Response(
+        _content(message.get("content")), _calls(message), _usage(usage), str(finish_reason)
+    )
 
 
 def _content(content) -> str | None:
@@ -299,6 +303,10 @@ class Config:
     endpoint: str = "default"
     patience: float = 300.0
 
+    @property
+    def host(self) -> str:
+        return httpx.URL(self.url).host
+
 
 def config(agent) -> Config:
     """Resolve the server, key, model and limits for one run (settings, then environment)."""
@@ -339,6 +347,17 @@ def estimated_tokens(body: bytes, params: dict) -> int:
     return len(body) // 4 + (completion if isinstance(completion, int) else 0)
 
 
+def timed(on_delta: Callable, first: list) -> Callable:
+    """Wrap `on_delta` to note when the first piece arrived (in `first`)."""
+
+    def noting(text):
+        if not first:
+            first.append(time.monotonic())
+        on_delta(text)
+
+    return noting
+
+
 class ModelClient:
     """The model server of one run: each request retried, and abandoned on a stop or budget."""
 
@@ -360,6 +379,37 @@ class ModelClient:
         `on_delta(text)` is called with each piece of content as it arrives, in the client's
         event loop: it must not block (deltas.publish only buffers).
         """
+        with tracing.span(
+            f"chat {self.config.model}",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",  # the API it speaks: OpenAI's chat completions
+                "gen_ai.request.model": self.config.model,
+                "server.address": self.config.host,
+                "agenttasks.endpoint": self.config.endpoint,
+            },
+            kind="CLIENT",
+            expected=(Parked, RunStopped),
+        ) as traced:
+            traced.content("gen_ai.input.messages", messages)
+            started = time.monotonic()
+            first: list[float] = []
+            if on_delta is not None and tracing.enabled():
+                on_delta = timed(on_delta, first)
+            response = self._complete(messages, tools, params, on_delta)
+            usage = response.usage
+            traced.set("gen_ai.usage.input_tokens", usage.get("prompt_tokens"))
+            traced.set("gen_ai.usage.output_tokens", usage.get("completion_tokens"))
+            if response.finish_reason:
+                traced.set("gen_ai.response.finish_reasons", [response.finish_reason])
+            if first:
+                traced.set("gen_ai.response.time_to_first_chunk", first[0] - started)
+            traced.content("gen_ai.output.messages", response.content or "")
+            return response
+
+    def _complete(
+        self, messages: list, tools: list, params: dict, on_delta: Callable | None
+    ) -> Response:
         if on_delta is not None:
             params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         body = request_body(self.config.model, messages, tools, params)
@@ -391,6 +441,9 @@ class ModelClient:
                     # Not a failure: the whole cluster slows down, and this request waits its
                     # turn again (its patience bounds how long).
                     metrics.count("agenttasks_provider_refusals_total", endpoint=turn.endpoint)
+                    tracing.current().event(
+                        "agenttasks.provider.refused", retry_after=exc.retry_after
+                    )
                     self._budget(budgets.refused, turn.endpoint, exc.retry_after)
                     continue
                 if not exc.retryable or attempt >= self.config.retries:
@@ -453,8 +506,10 @@ class ModelClient:
             if turn.later:
                 # Back when about half the horizon is left before its place in the line.
                 metrics.count("agenttasks_provider_parks_total", endpoint=turn.endpoint)
+                tracing.current().event("agenttasks.provider.parked", turn_in_seconds=delay)
                 raise Parked(since, turn.start - timedelta(seconds=self.park_after / 2))
             metrics.count("agenttasks_provider_waits_total", endpoint=turn.endpoint)
+            tracing.current().event("agenttasks.provider.wait", seconds=delay)
             metrics.count("agenttasks_provider_wait_seconds_total", delay, endpoint=turn.endpoint)
             try:
                 self._sleep(delay)
@@ -496,7 +551,8 @@ class ModelClient:
         woken = threading.Event()
         future = model_io().send(
             self.config.url,
-            self.config.headers,
+            # The span's context, by hand: the requests are sent from the process's own loop.
+            {**self.config.headers, **tracing.headers()},
             body,
             min(self.config.timeout, whole),
             on_delta,
@@ -526,7 +582,8 @@ class ModelClient:
         except Exception as exc:
             raise ModelError(f"Model server unreachable: {exc}", retryable=True) from None
         if streamed is not None:
-            return from_message(*streamed.message())
+            message, usage = streamed.message()
+            return from_message(message, usage, streamed.finish_reason)
         return parse_response(response)
 
     def _timed_out(self, cut: str):

@@ -33,6 +33,7 @@ class Accumulator:
         self.on_piece = on_piece
         self.done = False  # [DONE] came
         self.finished = False  # a chunk gave a finish_reason
+        self.finish_reason = ""
         self.seen_content = False
 
     def line(self, line: str) -> None:
@@ -57,6 +58,7 @@ class Accumulator:
         choices = chunk.get("choices") or []
         if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
             self.finished = True
+            self.finish_reason = str(choices[0]["finish_reason"])
         delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
         if isinstance(delta, dict):
             self._delta(delta)

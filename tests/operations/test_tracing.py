@@ -1,0 +1,202 @@
+# ruff: noqa: F811  (the fixtures imported from tests.mcp_support are parameters here)
+"""OpenTelemetry traces across the queue (docs/operating.md#traces): a server and a cluster in
+processes of their own, with TRACING on, export to a real OTLP receiver on loopback, which
+decodes what they send with opentelemetry-proto."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from agenttasks.models import Run, Task
+
+from ..cluster import ROOT, database_env
+from ..conftest import wait_for
+from ..fake_model import answer, calls
+from ..mcp_support import alice, free_port  # noqa: F401  (fixtures)
+from ..otlp_receiver import Receiver
+
+pytest_plugins = ["tests.fake_model"]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgres,
+    pytest.mark.serial,
+    pytest.mark.timeout(180),
+]
+API = "/api/agents"
+TRACED = {"TRACING": True, "MAX_DEPTH": 2, "CALLBACK_ALLOWED_HOSTS": ["127.0.0.1"]}
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def otel_env(receiver: Receiver, service: str) -> dict:
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url,
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",  # milliseconds: the test waits for what is exported
+    }
+
+
+class Server:
+    """gunicorn (as the README recommends) serving the app in a process of its own."""
+
+    def __init__(self, env: dict, settings: dict):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "project.wsgi:application",
+                f"--bind=127.0.0.1:{self.port}",
+                "--workers=1",
+                "--worker-class=gthread",
+                "--threads=4",
+            ],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                **database_env(),
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "AGENTTASKS_TEST_SETTINGS": json.dumps(settings),
+                **env,
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{self.url}{API}/", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(answers, timeout=30, interval=0.2, message="gunicorn answers")
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+@pytest.fixture
+def traced(receiver, start_cluster):
+    """Start a traced server and cluster (with `settings` added); return the server's URL."""
+    servers = []
+
+    def start(**settings) -> str:
+        settings = {**TRACED, **settings}
+        start_cluster(workers=1, env=otel_env(receiver, "agenttasks-worker"), **settings)
+        server = Server(otel_env(receiver, "agenttasks-web"), settings)
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def create(url: str, user, **body) -> dict:
+    headers = {"Authorization": f"Token {user.token}"}
+    created = httpx.post(f"{url}{API}/tasks", json=body, headers=headers, timeout=30)
+    assert created.status_code == 201, created.text
+    return created.json()["task"]
+
+
+def settled(task_id: str) -> Task:
+    def done():
+        task = Task.objects.get(pk=task_id)
+        return task if task.status in ("completed", "failed", "cancelled") else None
+
+    return wait_for(done, timeout=60, interval=0.1, message=f"{task_id} to settle")
+
+
+def one(receiver: Receiver, name: str, **attributes):
+    """Wait for the one span of that name (with these attributes) and return it."""
+
+    def found():
+        spans = [
+            s
+            for s in receiver.named(name)
+            if all(s.attributes.get(k) == v for k, v in attributes.items())
+        ]
+        return spans[0] if len(spans) == 1 else None
+
+    return wait_for(found, timeout=30, interval=0.1, message=f"the span {name} {attributes}")
+
+
+def test_a_rest_create_of_lead_is_one_trace_across_processes(traced, receiver, alice):
+    url = traced()
+    lead = create(url, alice, agentId="lead", input="plan the trip")
+    child = wait_for(
+        lambda: Task.objects.filter(parent_conversation_id=lead["conversationId"]).first(),
+        timeout=30,
+    )
+    settled(child.id)
+    wait_for(
+        lambda: Run.objects.filter(task_id=lead["id"], trigger="wakeup", status="completed"),
+        timeout=60,
+        message="the lead's wake-up run",
+    )
+
+    request = one(receiver, "POST api/agents/tasks/?$", **{"http.target": "/api/agents/tasks"})
+    assert request.service == "agenttasks-web" and request.parent_id == ""
+    first_run = Run.objects.get(task_id=lead["id"], trigger="initial")
+    lead_run = one(receiver, "invoke_agent lead", **{"agenttasks.run.id": first_run.id})
+    assert lead_run.service == "agenttasks-worker"  # another process: the context crossed
+    assert (lead_run.trace_id, lead_run.parent_id) == (request.trace_id, request.span_id)
+    assert lead_run.attributes["gen_ai.agent.name"] == "lead"
+    assert lead_run.attributes["gen_ai.conversation.id"] == lead["conversationId"]
+    assert lead_run.attributes["agenttasks.task.id"] == lead["id"]
+    assert lead_run.attributes["agenttasks.run.attempt"] == 1
+
+    spawn = one(receiver, "execute_tool spawn_task")
+    assert (spawn.trace_id, spawn.parent_id) == (request.trace_id, lead_run.span_id)
+    assert spawn.attributes["agenttasks.child.task_id"] == child.id
+
+    echo = one(receiver, "invoke_agent echo")
+    assert (echo.trace_id, echo.parent_id) == (request.trace_id, spawn.span_id)
+    assert echo.attributes["agenttasks.task.id"] == child.id
+
+    woken = one(receiver, "invoke_agent lead", **{"agenttasks.run.trigger": "wakeup"})
+    assert woken.trace_id == request.trace_id and woken.parent_id == request.span_id
+    assert (request.trace_id, echo.span_id) in woken.links  # the child's run that woke it
+    assert (request.trace_id, lead_run.span_id) in woken.links  # the run before it
+    assert "error.type" not in woken.attributes
+
+    stored = Task.objects.get(pk=lead["id"]).traceparent
+    assert stored.split("-")[1:3] == [request.trace_id, request.span_id]
+
+
+def test_a_chat_agents_model_calls_are_chat_spans_and_carry_traceparent(
+    traced, receiver, alice, model
+):
+    model.set(AGENTS={"chatter": {"runtime": "chat", "model": "fake", "stream": False}})
+    model.script(
+        lambda r: calls(("c1", "noop", {})) if not r.has_tool_message else answer("all done")
+    )
+    url = traced(**model.values)
+    task = create(url, alice, agentId="chatter", input="secret question")
+    assert settled(task["id"]).status == "completed"
+    chats = wait_for(lambda: len(receiver.named("chat fake")) == 2 and receiver.named("chat fake"))
+    run = one(receiver, "invoke_agent chatter")
+    for chat in chats:
+        assert chat.parent_id == run.span_id and chat.trace_id == run.trace_id
+        assert chat.attributes["gen_ai.request.model"] == "fake"
+        assert chat.attributes["gen_ai.provider.name"] == "openai"
+        assert chat.attributes["gen_ai.usage.input_tokens"] == 1
+        assert chat.attributes["gen_ai.usage.output_tokens"] == 1
+        assert "gen_ai.input.messages" not in chat.attributes  # content only when opted in
+    seen = [r.headers.get("traceparent", "") for r in model.server.requests]
+    assert sorted(tp.split("-")[2] for tp in seen) == sorted(c.span_id for c in chats)
+    assert all(tp.split("-")[1] == run.trace_id for tp in seen)
