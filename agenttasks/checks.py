@@ -238,6 +238,25 @@ def check_model_limits(app_configs=None, **kwargs):
     ]
 
 
+@register()
+def check_tracing(app_configs=None, **kwargs):
+    """Check that TRACING has the `otel` extra it needs."""
+    from .operations import tracing
+
+    if not app_settings.TRACING:
+        return []
+    absent = tracing.missing()
+    if not absent:
+        return []
+    return [
+        Error(
+            f"TRACING is on, but {', '.join(absent)} cannot be imported.",
+            hint="pip install 'agenttasks[otel]' (docs/operating.md#traces).",
+            id="agenttasks.E008",
+        )
+    ]
+
+
 @register(Tags.compatibility)
 def check_django_q_internals(app_configs=None, **kwargs):
     """Check that django-q2 still has the internals agenttasks' guards patch (compat/django_q.py)."""

@@ -197,8 +197,12 @@ AGENTTASKS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # `%(trace)s`: " trace_id=… span_id=…" on the lines of a traced run or request (TRACING).
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(trace)s"}},
+    "filters": {"trace": {"()": "agenttasks.operations.tracing.TraceIds"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["trace"]}
+    },
     "loggers": {
         "agenttasks": {"handlers": ["console"], "level": os.environ.get("AGENTTASKS_LOG", "INFO")}
     },

@@ -184,7 +184,7 @@ def _attempt(row, task, status, data, attempt, version) -> tuple[dict, bool]:
     retry = False
     try:
         address = callbacks.check_address(row.url)[0]
-        response = callbacks._post(row.url, address, data, headers(row, version))
+        response = callbacks._post(row.url, address, data, headers(row, version), task.traceparent)
     except callbacks.CallbackURLError as exc:
         outcome["error"] = str(exc).replace("callbackUrl", "url")
     except httpx.TimeoutException:

@@ -28,6 +28,7 @@ from ..conf import app_settings
 from ..delivery import callbacks
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import A2AContext, A2APushConfig, Conversation, PendingAction, Task
+from ..operations import tracing
 from ..states import TERMINAL, TaskStatus
 from ..store import files
 from ..toolkit import caps, checks, errors
@@ -140,6 +141,10 @@ def send(call: Call, req: SendRequest) -> Sent:
             answered = comment_under(call, task, incoming, strategy)
         return Sent(call.present(answered), answered, after or 0)
     task_message, created = create(call, req, incoming)
+    if created is not None:
+        traced = tracing.current()
+        traced.set("a2a.task.id", created.id)
+        traced.set("a2a.context.id", created.conversation_id)
     return Sent(task_message, created, 0)  # a new conversation: follow it from its start
 
 

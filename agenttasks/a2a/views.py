@@ -40,6 +40,7 @@ from rest_framework.views import set_rollback
 from .. import registry
 from ..conf import app_settings
 from ..exceptions import TaskError
+from ..operations import tracing
 from ..store import faults
 from ..toolkit import body as api_body
 from ..toolkit import caps, errors, streams
@@ -139,6 +140,23 @@ class A2AView(AppPolicies):
     binding = JSONRPC
     schema = None  # not part of the REST API's OpenAPI document
     request_id = None
+    traced = tracing.NOTHING
+
+    def dispatch(self, request, *args, **kwargs):
+        # One span per A2A request (docs/operating.md#traces), named for its method once known.
+        attributes = {
+            "a2a.agent.id": kwargs.get("agentId", ""),
+            "a2a.binding": self.binding,
+            "a2a.protocol.version": "1.0",
+            "a2a.task.id": kwargs.get("taskId"),
+        }
+        with tracing.span("a2a", attributes, kind="SERVER") as self.traced:
+            return super().dispatch(request, *args, **kwargs)
+
+    def traced_as(self, method: str) -> None:
+        """Name the request's span for its A2A method."""
+        self.traced.rename(method)
+        self.traced.set("a2a.method", method)
 
     def initial(self, request, *args, **kwargs):
         agent = a2a_agent(kwargs.get("agentId", ""))
@@ -154,6 +172,7 @@ class A2AView(AppPolicies):
     def handle_exception(self, exc):
         error = translate(exc)
         set_rollback()
+        self.traced.fail(type(error).__name__, str(getattr(error, "message", "") or error))
         if isinstance(error, HttpRefusal):
             response = self.http_refusal(error)
             for name, value in error.headers.items():
@@ -365,6 +384,8 @@ class JsonRpcView(A2AView):
         params = data.get("params")
         if params is not None and not isinstance(params, dict):
             raise InvalidParamsError("params must be an object")
+        self.traced_as(method)
+        self.traced.set("jsonrpc.request.id", str(self.request_id))
         if method in STREAMING:
             return self.stream(method, parse(STREAMING[method], params))
         if method == "GetExtendedAgentCard":
@@ -411,6 +432,23 @@ class JsonRpcView(A2AView):
 # --- HTTP+JSON ---------------------------------------------------------------------------------
 
 
+# The A2A method each route and verb of the HTTP+JSON binding serves, for its span's name.
+REST_METHODS = {
+    ("POST", "send"): "SendMessage",
+    ("POST", "stream"): "SendStreamingMessage",
+    ("GET", "task"): "GetTask",
+    ("GET", "tasks"): "ListTasks",
+    ("POST", "cancel"): "CancelTask",
+    ("GET", "subscribe"): "SubscribeToTask",
+    ("POST", "subscribe"): "SubscribeToTask",
+    ("POST", "configs"): "CreateTaskPushNotificationConfig",
+    ("GET", "configs"): "ListTaskPushNotificationConfigs",
+    ("GET", "config"): "GetTaskPushNotificationConfig",
+    ("DELETE", "config"): "DeleteTaskPushNotificationConfig",
+    ("GET", "extendedAgentCard"): "GetExtendedAgentCard",
+}
+
+
 class RestView(A2AView):
     """<mount>/a2a/<agentId>/rest/…: the HTTP+JSON binding, one view per operation (`op`)."""
 
@@ -443,6 +481,10 @@ class RestView(A2AView):
         except (json_format.ParseError, TypeError, ValueError) as exc:
             raise InvalidParamsError(str(exc)) from None
         return message
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        self.traced_as(REST_METHODS.get((request.method, self.op), self.op))
 
     def get(self, request, agentId, taskId=None, configId=None):
         if self.op == "task":

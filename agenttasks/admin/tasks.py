@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from .. import lifecycle
+from ..conf import app_settings
 from ..models import File, PendingAction, Run, Task, TaskResult
 from ..states import LIVE, ActionKind, ActionStatus, RunStatus, TaskKind
 from . import live, operations, overview, timeline, tree
@@ -430,6 +431,7 @@ class TaskAdmin(ReadOnlyAdmin):
             ("Continuations", task.continuations),
             ("Stop reason", task.stop_reason or "—"),
             ("Callback URL", task.callback_url or "—"),
+            ("Trace", trace_link(task.traceparent)),
             ("Created", when(task.created_at)),
             ("Updated", when(task.updated_at)),
             ("Started", when(task.started_at)),
@@ -544,3 +546,15 @@ def read_answers(questions: list[dict], data) -> tuple[dict, str]:
 def json_block(value) -> str:
     """Render a JSON value for a <pre> block ('' for nothing)."""
     return pretty_json(value) if value not in (None, {}, []) else ""
+
+
+def trace_link(traceparent: str):
+    """The task's trace id, linked to the trace viewer when TRACE_URL says where it is."""
+    parts = traceparent.split("-")
+    if len(parts) != 4:
+        return "—"
+    trace_id = parts[1]
+    template = app_settings.TRACE_URL
+    if not template:
+        return trace_id
+    return format_html('<a href="{}">{}</a>', template.format(trace_id=trace_id), trace_id)

@@ -34,7 +34,7 @@ from ..broker import queue
 from ..conf import app_settings
 from ..exceptions import ConversationNotFound
 from ..models import Task
-from ..operations import metrics
+from ..operations import metrics, tracing
 from ..states import NOTIFIED, TaskStatus
 from ..text import iso
 from . import lanes
@@ -191,7 +191,7 @@ def deliver(task_id: str, status: str, version: int = 0) -> dict | None:
     task = (
         Task.objects.visible()
         .filter(pk=task_id)
-        .only("id", "callback_url", "error", "conversation_id", "callback_version")
+        .only("id", "callback_url", "error", "conversation_id", "callback_version", "traceparent")
         .first()
     )
     if task is None or not task.callback_url or task.callback_version >= version > 0:
@@ -218,7 +218,7 @@ def deliver(task_id: str, status: str, version: int = 0) -> dict | None:
     host = urlsplit(task.callback_url).hostname or ""
     try:
         address = check_address(task.callback_url)[0]
-        response = _post(task.callback_url, address, body, headers)
+        response = _post(task.callback_url, address, body, headers, task.traceparent)
     except CallbackURLError as exc:
         outcome["error"] = str(exc)
     except httpx.TimeoutException:
@@ -254,13 +254,24 @@ def deliver(task_id: str, status: str, version: int = 0) -> dict | None:
     return outcome
 
 
-def _post(url: str, address: str, body: bytes, headers: dict) -> httpx.Response:
+def _post(
+    url: str, address: str, body: bytes, headers: dict, traceparent: str = ""
+) -> httpx.Response:
     """POST to the checked address, naming the host in Host and in TLS (SNI, certificate).
 
     CALLBACK_TIMEOUT bounds the whole exchange, not each read: a receiver that sends its answer a
     byte at a time is cut off at the deadline (an httpx timeout only bounds each socket
-    operation), so the exchange runs on an event loop that can cancel it.
+    operation), so the exchange runs on an event loop that can cancel it. With tracing on, it is
+    a `POST` span in the task's trace (`traceparent`), whose context the request carries.
     """
+    attributes = {"http.request.method": "POST", "url.full": url, "server.address": address}
+    with tracing.continued(traceparent, "POST", attributes) as traced:
+        response = _post_now(url, address, body, {**headers, **tracing.headers()})
+        traced.set("http.response.status_code", response.status_code)
+        return response
+
+
+def _post_now(url: str, address: str, body: bytes, headers: dict) -> httpx.Response:
     timeout = float(app_settings.CALLBACK_TIMEOUT)
     exchange = _exchange(url, address, body, headers, timeout)
     try:

@@ -15,6 +15,7 @@ from typing import Any
 from .. import __version__, lifecycle
 from ..exceptions import AlreadyFinal, TaskNotFound
 from ..models import Task
+from ..operations import tracing
 from ..runtime.base import release_connection
 from ..states import LIVE, TaskKind
 from ..toolkit import caps
@@ -66,7 +67,27 @@ def discover() -> dict:
 
 def answer(exchange: Exchange) -> "dict | calls.CallFollower | extension.TaskListener":
     """Return the JSON-RPC response to a request, or the follower of an agent's call that answers
-    it."""
+    it; traced as the MCP conventions name it (`tools/call {tool}`, `tasks/get`, …)."""
+    message = exchange.message
+    tool = message.params.get("name") if message.method == "tools/call" else None
+    attributes = {
+        "mcp.method.name": message.method,
+        "mcp.protocol.version": exchange.session.version,
+        "jsonrpc.request.id": str(message.id),
+        "gen_ai.conversation.id": exchange.session.conversation_id,
+        "gen_ai.tool.name": tool,
+        "gen_ai.operation.name": "execute_tool" if tool else None,
+    }
+    name = f"{message.method} {tool}" if tool else message.method
+    with tracing.span(name, attributes, kind="SERVER", expected=(protocol.McpError,)) as traced:
+        try:
+            return _answer(exchange)
+        except protocol.McpError as exc:
+            traced.fail(str(exc.code), exc.message)
+            raise
+
+
+def _answer(exchange: Exchange) -> "dict | calls.CallFollower | extension.TaskListener":
     session, message = exchange.session, exchange.message
     if message.method in extension.METHODS:
         result = extension.answer(session, message, exchange.name_header)

@@ -17,6 +17,7 @@ anyone storing it.
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -35,18 +36,38 @@ def enabled() -> bool:
     return _tracer is not None
 
 
+# What the `otel` extra installs (a system check names what is missing: agenttasks.E008).
+REQUIRED = (
+    "opentelemetry.sdk",
+    "opentelemetry.exporter.otlp.proto.http",
+    "opentelemetry.instrumentation.django",
+)
+
+
+def missing() -> list[str]:
+    """Return the modules of the `otel` extra that cannot be imported."""
+    import importlib.util
+
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ImportError:
+            return False
+
+    return [name for name in REQUIRED if not found(name)]
+
+
 def setup() -> None:
-    """Install the tracer provider, its OTLP exporter, and the Django and logging
-    instrumentations, once per process, when TRACING is on."""
+    """Install the tracer provider, its OTLP exporter and Django's instrumentation, once per
+    process, when TRACING is on (and the `otel` extra installed: else the check says so)."""
     global _tracer, _next_span_id
-    if not app_settings.TRACING or _tracer is not None:
+    if not app_settings.TRACING or _tracer is not None or missing():
         return
     import contextvars
 
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.instrumentation.django import DjangoInstrumentor
-    from opentelemetry.instrumentation.logging import LoggingInstrumentor
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -69,7 +90,6 @@ def setup() -> None:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     DjangoInstrumentor().instrument()
-    LoggingInstrumentor().instrument(set_logging_format=False)
     _tracer = trace.get_tracer(TRACER_NAME)
 
 
@@ -149,6 +169,10 @@ class Span:
         if self.span is not None and value is not None:
             self.span.set_attribute(key, value)
 
+    def rename(self, name: str) -> None:
+        if self.span is not None:
+            self.span.update_name(name)
+
     def event(self, name: str, **attributes: Any) -> None:
         if self.span is not None:
             self.span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
@@ -167,6 +191,21 @@ class Span:
 
 
 NOTHING = Span()
+
+
+class TraceIds(logging.Filter):
+    """Give each log record `trace`: " trace_id=<32 hex> span_id=<16 hex>" while a span is
+    current (a run's, a request's), else "" (a handler's format names it as `%(trace)s`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.trace = ""
+        if _tracer is not None:
+            from opentelemetry import trace
+
+            context = trace.get_current_span().get_span_context()
+            if context.is_valid:
+                record.trace = f" trace_id={context.trace_id:032x} span_id={context.span_id:016x}"
+        return True
 
 
 def current() -> Span:
