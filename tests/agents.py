@@ -4,6 +4,7 @@
 process can hold a run at a known point and release it.
 """
 
+import logging
 import os
 import time
 
@@ -90,6 +91,8 @@ def lead(ctx):
     message = ctx.latest_user_message
     if message.startswith(PREFIX):
         return Reply(content="noted: " + message[len(PREFIX) :].split("\n", 1)[0])
+    # A line of the run's own log: with tracing on, it names the run's trace and span.
+    logging.getLogger("agenttasks.tests").info("lead.spawning run=%s", ctx.run_id)
     card = task_tools(ctx.conversation, ctx.run)[0].call(
         {"agent_name": "echo", "input": f"sub: {message}", "label": ""}, "spawn-1"
     )

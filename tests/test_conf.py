@@ -148,3 +148,14 @@ def test_a_plain_check_warns_of_sqlite_without_immediate_with_the_whole_options(
         'HINT: Set "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, '
         '"init_command": "PRAGMA journal_mode=WAL;"}'
     ) in checked.stderr
+
+
+def test_tracing_without_the_otel_extra_fails_a_check(settings, monkeypatch):
+    from agenttasks import checks
+    from agenttasks.operations import tracing
+
+    monkeypatch.setattr(tracing, "REQUIRED", ("opentelemetry.sdk", "no_such_otel_module"))
+    assert checks.check_tracing() == []  # off: nothing is needed
+    settings.AGENTTASKS = {**settings.AGENTTASKS, "TRACING": True}
+    (error,) = checks.check_tracing()
+    assert error.id == "agenttasks.E008" and "no_such_otel_module" in error.msg

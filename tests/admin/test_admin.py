@@ -966,3 +966,18 @@ def test_runs_waiting_interrupted_and_rolled_back_are_listed_by_status(admin_cli
         ("rolled_back", "rolled back"),
     ]:
         assert f'<span class="at-badge at-status-{css}">{label}</span>' in html
+
+
+def test_detail_links_the_task_to_its_trace_when_trace_url_says_where(
+    admin_client, admin_user, settings
+):
+    task = store.create_task(NewTask(owner=admin_user, agent="echo", input="x"))
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    Task.objects.filter(pk=task.pk).update(traceparent=f"00-{trace_id}-00f067aa0ba902b7-01")
+    assert trace_id in admin_client.get(url("task_change", task.pk)).content.decode()
+    settings.AGENTTASKS = {
+        **settings.AGENTTASKS,
+        "TRACE_URL": "https://traces.example/t/{trace_id}",
+    }
+    html = admin_client.get(url("task_change", task.pk)).content.decode()
+    assert f'<a href="https://traces.example/t/{trace_id}">{trace_id}</a>' in html

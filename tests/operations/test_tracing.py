@@ -97,7 +97,9 @@ def traced(otlp, start_cluster):
 
     def start(**settings) -> str:
         settings = {**TRACED, **settings}
-        start_cluster(workers=1, env=otel_env(otlp, "agenttasks-worker"), **settings)
+        start.cluster = start_cluster(
+            workers=1, env=otel_env(otlp, "agenttasks-worker"), **settings
+        )
         server = Server(otel_env(otlp, "agenttasks-web"), settings)
         servers.append(server)
         return server.url
@@ -189,6 +191,10 @@ def test_a_rest_create_of_lead_is_one_trace_across_processes(traced, otlp, alice
     assert {c.kind for c in callbacks} == {3}  # CLIENT
     sent = {tuple(r["headers"]["traceparent"].split("-")[1:3]) for r in receiver.requests}
     assert sent == {(c.trace_id, c.span_id) for c in callbacks}
+
+    # The run's own log line names its trace and span.
+    (line,) = [x for x in traced.cluster.lines if f"lead.spawning run={first_run.id}" in x]
+    assert line.endswith(f" trace_id={request.trace_id} span_id={lead_run.span_id}")
 
 
 @pytest.mark.parametrize("content", [False, True], ids=["by-default", "opted-in"])
