@@ -26,7 +26,7 @@ class AgentTasksConfig(AppConfig):
         forking.install_fork_guard()
 
         # Traces, when TRACING is on (the `otel` extra): before any request or run starts.
-        from .operations import tracing
+        from . import tracing
 
         tracing.setup()
 

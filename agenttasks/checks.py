@@ -241,7 +241,7 @@ def check_model_limits(app_configs=None, **kwargs):
 @register()
 def check_tracing(app_configs=None, **kwargs):
     """Check that TRACING has the `otel` extra it needs."""
-    from .operations import tracing
+    from . import tracing
 
     if not app_settings.TRACING:
         return []

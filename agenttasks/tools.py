@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .operations import tracing
+from . import tracing
 
 DEFAULT_PARAMETERS = {"type": "object", "properties": {}}
 

@@ -47,6 +47,20 @@ def throughput(n: int, broker: str) -> tuple[float, float]:
     return base, ours
 
 
+def tracing_overhead(n: int) -> tuple[float, float, int]:
+    """P1 on the ORM broker with TRACING off and on, in a subprocess: (off, on, spans)."""
+    output = subprocess.run(
+        [sys.executable, "throughput.py", f"--n={n}", "--broker=orm", "--tracing", "--json"],
+        cwd=HERE,
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    off, on, spans = json.loads(output.strip().splitlines()[-1])
+    return off, on, spans
+
+
 def in_flight(n: int, slots: int | None = None, start: int = 0) -> dict:
     """P6 in a subprocess (its AGENTTASKS overrides are read at Django's setup)."""
     command = [sys.executable, "inflight.py", f"--n={n}", f"--start={start}", "--json"]
@@ -205,6 +219,17 @@ def main() -> None:
             )
         )
         print_table(rows)
+
+    off, on, spans = tracing_overhead(n)
+    rows.append(
+        (
+            f"P1 with TRACING on (OTLP to a receiver on loopback), orm broker, N={n}, median of 3",
+            f"{on:.1f} tasks/s ({spans} spans received)",
+            f"off {off:.1f} tasks/s",
+            f"{on / off:.2f}x (goal >= 0.9x)",
+        )
+    )
+    print_table(rows)
 
     setup_django()
     for step, (ms, count) in inprocess.measure(steps).items():

@@ -8,6 +8,10 @@ same run:
 
     .venv/bin/python bench/throughput.py --n 2000 --workers 2 --broker orm
     .venv/bin/python bench/throughput.py --n 2000 --workers 2 --broker redis
+    .venv/bin/python bench/throughput.py --n 2000 --tracing   # TRACING off vs on, interleaved
+
+With `--tracing`, the agenttasks run is measured with TRACING off and on (the web and worker
+processes exporting every span by OTLP to a receiver on loopback that decodes and counts them).
 
 `--broker` must match the Q_BROKER environment this process starts with (run.py sees to it).
 """
@@ -46,14 +50,14 @@ def bare(n: int) -> float:
     return n / (wait_until(lambda: count() >= n, 600) - started)
 
 
-def agenttasks(n: int, port: int = 8767, clients: int = 8) -> float:
+def agenttasks(n: int, port: int = 8767, clients: int = 8, env: dict | None = None) -> float:
     """N echo tasks created through the REST API by `clients` clients, run by the cluster."""
     from rest_framework.authtoken.models import Token
 
     from agenttasks.models import Task
 
     token = Token.objects.get_or_create(user=bench_user())[0].key
-    server = serve(port)
+    server = serve(port, env=env)
     try:
         started = time.monotonic()
         post_tasks(port, token, n, clients)
@@ -80,6 +84,64 @@ def measure(n: int, workers_list: list[int], repeat: int) -> list[tuple[int, flo
     return rows
 
 
+class SpanSink:
+    """An OTLP/HTTP trace receiver on loopback that decodes each export and counts its spans."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        sink = self
+        self.spans = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+                sink.spans += sum(
+                    len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans
+                )
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def traced_env(sink: SpanSink) -> dict:
+    overrides = json.loads(os.environ.get("AGENTTASKS_OVERRIDES") or "{}")
+    return {
+        "AGENTTASKS_OVERRIDES": json.dumps({**overrides, "TRACING": True}),
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink.url,
+        "OTEL_SERVICE_NAME": "agenttasks-bench",
+    }
+
+
+def tracing_overhead(n: int, repeat: int) -> tuple[float, float, int]:
+    """Median agenttasks rates with TRACING off and on, interleaved; the spans received."""
+    sink = SpanSink()
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(repeat):
+        for mode in ("off", "on"):
+            env = traced_env(sink) if mode == "on" else None
+            clean()
+            cluster = Cluster(2, env=env)
+            try:
+                rates[mode].append(agenttasks(n, env=env))
+            finally:
+                cluster.stop()
+    return statistics.median(rates["off"]), statistics.median(rates["on"]), sink.spans
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -89,9 +151,18 @@ def main() -> None:
     parser.add_argument("--broker", choices=["orm", "redis"], default="orm")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of each; medians are shown")
     parser.add_argument("--json", action="store_true", help="print one JSON line (run.py)")
+    parser.add_argument("--tracing", action="store_true", help="TRACING off vs on (agenttasks)")
     args = parser.parse_args()
     os.environ.update(broker_env(args.broker))
     setup_django()
+    if args.tracing:
+        off, on, spans = tracing_overhead(args.n, args.repeat)
+        if args.json:
+            print(json.dumps([off, on, spans]))
+            return
+        print(f"\nP1 with tracing, N={args.n}, {args.broker} broker, median of {args.repeat}")
+        print(f"off {off:.1f} tasks/s, on {on:.1f} tasks/s: {on / off:.2f}x; {spans} spans")
+        return
     rows = measure(args.n, args.workers, args.repeat)
     if args.json:
         print(json.dumps(rows))

@@ -199,7 +199,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     # `%(trace)s`: " trace_id=… span_id=…" on the lines of a traced run or request (TRACING).
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(trace)s"}},
-    "filters": {"trace": {"()": "agenttasks.operations.tracing.TraceIds"}},
+    "filters": {"trace": {"()": "agenttasks.tracing.TraceIds"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["trace"]}
     },

@@ -151,8 +151,7 @@ def test_a_plain_check_warns_of_sqlite_without_immediate_with_the_whole_options(
 
 
 def test_tracing_without_the_otel_extra_fails_a_check(settings, monkeypatch):
-    from agenttasks import checks
-    from agenttasks.operations import tracing
+    from agenttasks import checks, tracing
 
     monkeypatch.setattr(tracing, "REQUIRED", ("opentelemetry.sdk", "no_such_otel_module"))
     assert checks.check_tracing() == []  # off: nothing is needed

@@ -22,6 +22,7 @@ FLOORS = [
         "exceptions",
         "signals",
         "tools",
+        "tracing",
         "registry",
         "compat",
     ],

@@ -23,12 +23,11 @@ from a2a.utils.errors import (
 from django.db import transaction
 from django.db.models import Q
 
-from .. import ids, lifecycle
+from .. import ids, lifecycle, tracing
 from ..conf import app_settings
 from ..delivery import callbacks
 from ..exceptions import AlreadyFinal, TaskError, TaskNotFound
 from ..models import A2AContext, A2APushConfig, Conversation, PendingAction, Task
-from ..operations import tracing
 from ..states import TERMINAL, TaskStatus
 from ..store import files
 from ..toolkit import caps, checks, errors

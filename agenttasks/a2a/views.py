@@ -37,10 +37,9 @@ from google.protobuf import json_format
 from rest_framework import exceptions
 from rest_framework.views import set_rollback
 
-from .. import registry
+from .. import registry, tracing
 from ..conf import app_settings
 from ..exceptions import TaskError
-from ..operations import tracing
 from ..store import faults
 from ..toolkit import body as api_body
 from ..toolkit import caps, errors, streams

@@ -29,12 +29,12 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from django.utils import timezone
 
-from .. import __version__, store
+from .. import __version__, store, tracing
 from ..broker import queue
 from ..conf import app_settings
 from ..exceptions import ConversationNotFound
 from ..models import Task
-from ..operations import metrics, tracing
+from ..operations import metrics
 from ..states import NOTIFIED, TaskStatus
 from ..text import iso
 from . import lanes

@@ -12,10 +12,9 @@ METHOD_NOT_FOUND and malformed params are INVALID_PARAMS. From the client: a
 import logging
 from typing import Any
 
-from .. import __version__, lifecycle
+from .. import __version__, lifecycle, tracing
 from ..exceptions import AlreadyFinal, TaskNotFound
 from ..models import Task
-from ..operations import tracing
 from ..runtime.base import release_connection
 from ..states import LIVE, TaskKind
 from ..toolkit import caps

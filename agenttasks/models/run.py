@@ -4,8 +4,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import ids
-from ..operations import tracing
+from .. import ids, tracing
 from ..states import RUN_ACTIVE, RUN_UNFINISHED, RunStatus, RunTrigger, StopRequest
 
 

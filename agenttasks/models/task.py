@@ -5,9 +5,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import ids
+from .. import ids, tracing
 from ..exceptions import TaskNotFound
-from ..operations import tracing
 from ..states import LIVE, TaskKind, TaskStatus
 
 

@@ -9,17 +9,18 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 from django.db import connection
 
-from .. import lifecycle, registry, store
+from .. import lifecycle, registry, store, tracing
 from ..broker import queue
 from ..broker.listen import HOST as HOST  # the worker's node, as the worker has read it here
 from ..broker.listen import hub, process_name, stop_key, task_key
 from ..conf import app_settings
 from ..exceptions import RunNotFound, TaskNotFound
-from ..models import Run
-from ..operations import metrics, tracing
+from ..models import Run, Wakeup
+from ..operations import metrics
 from ..states import OutcomeStatus, StopRequest
 from ..store import faults
 from ..types import RunOutcome
@@ -261,7 +262,7 @@ def drive(run: Run, worker: str, **context) -> None:
     begun = time.monotonic()
     try:
         # Its ending is in its span too: a wake-up or retry it records links back to it.
-        with tracing.run_span(run) as traced:
+        with tracing.run_span(run, trace_causes) as traced:
             outcome = _execute(run, flag, **context)
             seconds = time.monotonic() - begun
             tracing.ended(traced, outcome)
@@ -324,3 +325,30 @@ def _run_runtime(run: Run, flag: StopFlag, **context) -> RunOutcome:
         # django-q2's timeout struck before the agent's deadline (a system check warns).
         logger.error("worker.killed_by_timeout run=%s", run.id)
         return RunOutcome(run.id, OutcomeStatus.FAILED, error=deadlines.killed_text())
+
+
+def trace_causes(run: Run, parent: Any) -> list[Any]:
+    """Return the span contexts a run's span links to: the run before it in its task (or its
+    conversation), the span that recorded it when that is not its parent (a retry's or a
+    comment's request, the run that woke it), and, for a wake-up, the children's runs."""
+    if run.trigger == "initial":
+        return []
+    causes = []
+    earlier = Run.objects.filter(created_at__lt=run.created_at).exclude(pk=run.pk)
+    earlier = (
+        earlier.filter(task_id=run.task_id)
+        if run.task_id
+        else earlier.filter(conversation_id=run.conversation_id)
+    )
+    before = earlier.order_by("-created_at").values_list("id", "traceparent", "task__traceparent")
+    previous = before.first()
+    if previous is not None:
+        causes.append(tracing.run_context(previous[0], previous[2] or previous[1]))
+    recorded = tracing.parse(run.traceparent)
+    if recorded is not None and (parent is None or recorded.span_id != parent.span_id):
+        causes.append(recorded)
+    if run.trigger == "wakeup":
+        reported = Wakeup.objects.filter(delivered_run_id=run.id)
+        for child_run, child_traceparent in reported.values_list("run_id", "task__traceparent"):
+            causes.append(tracing.run_context(child_run, child_traceparent))
+    return [c for c in causes if c is not None]

@@ -20,11 +20,11 @@ from datetime import datetime, timedelta
 import httpx
 from django.utils import timezone
 
-from .. import __version__
+from .. import __version__, tracing
 from ..conf import app_settings
 from ..flow import budgets, hints
 from ..models import Run
-from ..operations import metrics, tracing
+from ..operations import metrics
 from .base import RunContext, RunStopped, release_connection
 from .budget import Budget, BudgetExceeded
 from .streaming import Accumulator, StreamCut, StreamError

@@ -19,10 +19,10 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..conf import app_settings
+from .conf import app_settings
 
 TRACER_NAME = "agenttasks"
 # The span set in motion by setup(); None while tracing is off.
@@ -117,7 +117,7 @@ def current_traceparent() -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
-def _parse(traceparent: str) -> Any:
+def parse(traceparent: str) -> Any:
     """Return the SpanContext a `traceparent` names (None when empty or malformed)."""
     parts = (traceparent or "").split("-")
     if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
@@ -140,7 +140,7 @@ def _derived(run_id: str) -> int:
 
 def run_context(run_id: str, traceparent: str) -> Any:
     """Return the SpanContext of a run's span, whose parent `traceparent` names."""
-    parent = _parse(traceparent)
+    parent = parse(traceparent)
     if parent is None:
         return None
     from opentelemetry.trace import SpanContext
@@ -251,7 +251,7 @@ def continued(traceparent: str, name: str, attributes: dict[str, Any]) -> Iterat
         return
     from opentelemetry import context, trace
 
-    parent = _parse(traceparent)
+    parent = parse(traceparent)
     token = (
         context.attach(trace.set_span_in_context(trace.NonRecordingSpan(parent)))
         if parent
@@ -266,9 +266,10 @@ def continued(traceparent: str, name: str, attributes: dict[str, Any]) -> Iterat
 
 
 @contextlib.contextmanager
-def run_span(run: Any) -> Iterator[Span]:
+def run_span(run: Any, causes: Callable[[Any, Any], list[Any]]) -> Iterator[Span]:
     """Trace a run as `invoke_agent {agent}`: a child of its task's context (or, without a
-    task, of the run's own), linked to what caused it; its id derived from the run's."""
+    task, of the run's own), linked to the span contexts `causes(run, parent)` returns; its id
+    derived from the run's."""
     if _tracer is None:
         yield NOTHING
         return
@@ -276,8 +277,8 @@ def run_span(run: Any) -> Iterator[Span]:
     from opentelemetry.trace import Link, SpanKind
 
     task = run.task
-    parent = _parse(task.traceparent if task is not None else run.traceparent)
-    links = [Link(c) for c in _causes(run, parent)]
+    parent = parse(task.traceparent if task is not None else run.traceparent)
+    links = [Link(c) for c in causes(run, parent)]
     attributes = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": run.agent,
@@ -307,35 +308,6 @@ def run_span(run: Any) -> Iterator[Span]:
     finally:
         _next_span_id.set(0)
         context.detach(token)
-
-
-def _causes(run: Any, parent: Any) -> list[Any]:
-    """Return the span contexts a run's span links to: the run before it in its task (or its
-    conversation), the span that recorded it when that is not its parent (a retry's or a
-    comment's request, the run that woke it), and, for a wake-up, the children's runs."""
-    from ..models import Run, Wakeup
-
-    if run.trigger == "initial":
-        return []
-    causes = []
-    earlier = Run.objects.filter(created_at__lt=run.created_at).exclude(pk=run.pk)
-    earlier = (
-        earlier.filter(task_id=run.task_id)
-        if run.task_id
-        else earlier.filter(conversation_id=run.conversation_id)
-    )
-    before = earlier.order_by("-created_at").values_list("id", "traceparent", "task__traceparent")
-    previous = before.first()
-    if previous is not None:
-        causes.append(run_context(previous[0], previous[2] or previous[1]))
-    recorded = _parse(run.traceparent)
-    if recorded is not None and (parent is None or recorded.span_id != parent.span_id):
-        causes.append(recorded)
-    if run.trigger == "wakeup":
-        reported = Wakeup.objects.filter(delivered_run_id=run.id)
-        for child_run, child_traceparent in reported.values_list("run_id", "task__traceparent"):
-            causes.append(run_context(child_run, child_traceparent))
-    return [c for c in causes if c is not None]
 
 
 def ended(traced: Span, outcome: Any) -> None:
