@@ -2,7 +2,8 @@
 
 Off (`TRACING` False, the default), nothing here imports OpenTelemetry and every hook is one
 check of a module global. On, `setup()` installs a tracer provider exporting by OTLP (configured
-by the standard `OTEL_*` environment variables) and Django's and logging's instrumentations.
+by the standard `OTEL_*` environment variables) and Django's instrumentation; `TraceIds` puts
+the trace and span ids in log lines.
 
 The trace crosses the queue in the rows: a task and each run record `traceparent`, the W3C
 context current when they were written (the request's span, or the tool call's that spawned a
@@ -91,14 +92,6 @@ def setup() -> None:
     trace.set_tracer_provider(provider)
     DjangoInstrumentor().instrument()
     _tracer = trace.get_tracer(TRACER_NAME)
-
-
-def flush(timeout_millis: int = 5000) -> None:
-    """Export the spans still buffered (a worker process that stops)."""
-    if _tracer is not None:
-        from opentelemetry import trace
-
-        trace.get_tracer_provider().force_flush(timeout_millis)  # type: ignore[attr-defined]
 
 
 # --- the context in the rows -----------------------------------------------------------------

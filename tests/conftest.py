@@ -24,6 +24,40 @@ from .factories import ConversationFactory, RunFactory, UserFactory
 # (tests/store/test_differential.py) proves the two store paths give the same answers and rows,
 # so the surfaces above the store run once. AGENTTASKS_EVERY_TEST=1 runs everything on both.
 BOTH_FOLDERS = {"store", "execution", "chaos", "lifecycle", "delivery", "operations", "flow"}
+
+
+def _flush_retried_on_deadlock():
+    """Retry a test's closing flush that PostgreSQL chose as a deadlock's victim.
+
+    TRUNCATE locks the tables one after another; a live server's stream that the client left
+    (it notices at its next write) may still run one statement over two of them, in another
+    order. The flush's locks are then released and it is tried again, as the other side ends.
+    """
+    from django.test import TransactionTestCase
+
+    teardown = TransactionTestCase._fixture_teardown
+
+    def deadlocked(exc: BaseException | None) -> bool:
+        while exc is not None:
+            if "deadlock detected" in str(exc):
+                return True
+            exc = exc.__cause__ or exc.__context__
+        return False
+
+    def retried(self):
+        for attempt in range(3):
+            try:
+                return teardown(self)
+            except Exception as exc:
+                if attempt == 2 or not deadlocked(exc):
+                    raise
+                time.sleep(0.2)
+
+    TransactionTestCase._fixture_teardown = retried
+
+
+_flush_retried_on_deadlock()
+
 # Real clusters are timing-sensitive (leases of seconds): they run after the parallel part, one
 # test at a time, as do the modules marked `serial` (browsers, the demo, bare django-q2 clusters).
 SERIAL_FIXTURES = {"start_cluster"}
