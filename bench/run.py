@@ -26,38 +26,29 @@ from common import setup_django
 HERE = Path(__file__).resolve().parent
 
 
-def throughput(n: int, broker: str) -> tuple[float, float]:
-    """P1 for one broker, in a subprocess: (bare django-q2 jobs/s, agenttasks tasks/s)."""
+def last_json(script: str, *args: str):
+    """Run a bench script in a subprocess (its settings are read at Django's setup); return the
+    JSON of its last line."""
     output = subprocess.run(
-        [
-            sys.executable,
-            "throughput.py",
-            f"--n={n}",
-            "--workers=2",
-            f"--broker={broker}",
-            "--json",
-        ],
+        [sys.executable, script, *args, "--json"],
         cwd=HERE,
         env=os.environ.copy(),
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    ((_, base, ours),) = json.loads(output.strip().splitlines()[-1])
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def throughput(n: int, broker: str) -> tuple[float, float]:
+    """P1 for one broker, in a subprocess: (bare django-q2 jobs/s, agenttasks tasks/s)."""
+    ((_, base, ours),) = last_json("throughput.py", f"--n={n}", "--workers=2", f"--broker={broker}")
     return base, ours
 
 
 def tracing_overhead(n: int) -> tuple[float, float, int]:
     """P1 on the ORM broker with TRACING off and on, in a subprocess: (off, on, spans)."""
-    output = subprocess.run(
-        [sys.executable, "throughput.py", f"--n={n}", "--broker=orm", "--tracing", "--json"],
-        cwd=HERE,
-        env=os.environ.copy(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    off, on, spans = json.loads(output.strip().splitlines()[-1])
+    off, on, spans = last_json("throughput.py", f"--n={n}", "--broker=orm", "--tracing")
     return off, on, spans
 
 

@@ -18,6 +18,8 @@ from ..a2a_support import message_json
 from ..cluster import ROOT, database_env
 from ..conftest import wait_for
 from ..fake_model import answer, calls
+from ..mcp.test_tasks_extension import envelope as mcp_envelope
+from ..mcp.test_tasks_extension import headers_for
 from ..mcp_support import alice, free_port  # noqa: F401  (fixtures)
 from ..otlp_receiver import Receiver
 
@@ -250,19 +252,8 @@ def test_an_a2a_send_and_an_mcp_call_start_traces_with_their_conventions_attribu
     echo = one(otlp, "invoke_agent echo", **{"agenttasks.task.id": a2a_task["id"]})
     assert (echo.trace_id, echo.parent_id) == (a2a.trace_id, a2a.span_id)
 
-    mcp = {
-        "Authorization": f"Token {alice.token}",
-        "MCP-Protocol-Version": "2026-07-28",
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": "echo",
-        "Accept": "application/json, text/event-stream",
-    }
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {
-            "extensions": {"io.modelcontextprotocol/tasks": {}}
-        },
-    }
+    mcp = headers_for(alice, "tools/call", "echo")
+    meta = mcp_envelope()
     call = {
         "jsonrpc": "2.0",
         "id": 9,
