@@ -50,8 +50,11 @@ def bare(n: int) -> float:
     return n / (wait_until(lambda: count() >= n, 600) - started)
 
 
-def agenttasks(n: int, port: int = 8767, clients: int = 8, env: dict | None = None) -> float:
-    """N echo tasks created through the REST API by `clients` clients, run by the cluster."""
+def agenttasks(
+    n: int, port: int = 8767, clients: int = 8, env: dict | None = None, drained=None
+) -> float:
+    """N echo tasks created through the REST API by `clients` clients, run by the cluster; then,
+    before the processes are killed, wait until `drained()` (the spans exported) if given."""
     from rest_framework.authtoken.models import Token
 
     from agenttasks.models import Task
@@ -62,6 +65,8 @@ def agenttasks(n: int, port: int = 8767, clients: int = 8, env: dict | None = No
         started = time.monotonic()
         post_tasks(port, token, n, clients)
         ended = wait_until(lambda: Task.objects.filter(status="completed").count() >= n, 900)
+        if drained is not None:
+            wait_until(drained, 30, poll=0.2)
     finally:
         stop(server)
     return n / (ended - started)
@@ -127,16 +132,20 @@ def traced_env(sink: SpanSink) -> dict:
 
 
 def tracing_overhead(n: int, repeat: int) -> tuple[float, float, int]:
-    """Median agenttasks rates with TRACING off and on, interleaved; the spans received."""
+    """Median agenttasks rates with TRACING off and on, interleaved; the spans received (each
+    round waits for its 2 spans a task, the request's and the run's, before it kills the
+    processes: the batch exporter sends every 5 s)."""
     sink = SpanSink()
     rates: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(repeat):
         for mode in ("off", "on"):
             env = traced_env(sink) if mode == "on" else None
+            expected = sink.spans + 2 * n
             clean()
             cluster = Cluster(2, env=env)
             try:
-                rates[mode].append(agenttasks(n, env=env))
+                drained = (lambda target=expected: sink.spans >= target) if env else None
+                rates[mode].append(agenttasks(n, env=env, drained=drained))
             finally:
                 cluster.stop()
     return statistics.median(rates["off"]), statistics.median(rates["on"]), sink.spans
