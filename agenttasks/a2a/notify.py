@@ -6,6 +6,8 @@ delivery (`push.py`) and the SDK with it.
 
 import logging
 
+from django.db import connection
+
 from .. import signals
 from ..broker import queue
 from ..delivery import outbox as deliveries
@@ -14,15 +16,18 @@ from ..states import NOTIFIED
 
 logger = logging.getLogger("agenttasks.a2a.push")
 
+# Every ending and pause asks, most tasks have no config: plain SQL, without the ORM's compiling.
+CONFIGS_OF_TASK = f"SELECT id FROM {A2APushConfig._meta.db_table} WHERE task_id = %s"
+
 
 def on_task_updated(sender, task=None, **kwargs) -> None:
     """Queue one delivery per config of a task that entered a notified state."""
     if task is None or task.status not in NOTIFIED:
         return
     try:
-        config_ids = list(
-            A2APushConfig.objects.filter(task_id=task.id).values_list("pk", flat=True)
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(CONFIGS_OF_TASK, [task.id])
+            config_ids = [pk for (pk,) in cursor.fetchall()]
     except Exception:
         logger.exception("a2a.push_lookup_failed task=%s", task.id)
         return

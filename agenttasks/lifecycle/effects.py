@@ -3,7 +3,6 @@
 import logging
 
 from django.db import DatabaseError, transaction
-from django.db.models import F, Q
 
 from .. import signals, store
 from ..broker import queue
@@ -11,8 +10,8 @@ from ..broker.listen import hub, task_key
 from ..conf import app_settings
 from ..delivery import callbacks, wakeups
 from ..exceptions import TaskError
-from ..models import Run, Task
-from ..states import RUN_ENDED, TERMINAL, RunStatus, TaskStatus
+from ..models import Task
+from ..states import TERMINAL, RunStatus, TaskStatus
 from .base import DELEGATE
 
 logger = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ def announce(task: Task) -> None:
         own_run_boundary(task)
     elif task.status == TaskStatus.WAITING_FOR_INPUT:
         callbacks.schedule(task, task.status)
-        if task.run.status != RunStatus.PAUSED and messages_wait(task):
+        if task.run.status != RunStatus.PAUSED and store.messages_wait(task.id):
             wakeups.schedule_delivery(task.conversation_id)  # a waiting message answers it
         # A child may have settled between its escalation and this pause: check once after it.
         transaction.on_commit(lambda: resume_if_settled(task.conversation_id))
@@ -52,15 +51,8 @@ def announce(task: Task) -> None:
 def own_run_boundary(task: Task) -> None:
     """Deliver what a task's own conversation is owed: the results of its children (only a task
     that may spawn has any), and the messages that wait to re-open it (docs/lifecycle.md#busy-tasks)."""
-    if app_settings.MAX_DEPTH > 1 or messages_wait(task):
+    if app_settings.MAX_DEPTH > 1 or store.messages_wait(task.id):
         wakeups.schedule_delivery(task.conversation_id)
-
-
-def messages_wait(task: Task) -> bool:
-    """Say whether messages wait to re-open the task: enqueued, or steered to a run that ended
-    without reading them."""
-    waits = Q(status=RunStatus.WAITING) | Q(status__in=RUN_ENDED, steers__gt=F("steers_taken"))
-    return Run.objects.filter(waits, task_id=task.id).exists()
 
 
 def launch(run_id: str) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .. import store
 from ..broker import deltas
-from ..models import Event, PendingAction, Run
+from ..models import PendingAction, Run
 from ..registry import ASK_USER_PATH
 from ..states import ActionStatus, OutcomeStatus, StopRequest, TaskKind
 from ..tools import InvalidArguments, ToolResult, ToolSpec, check_arguments, decode_arguments
@@ -72,26 +72,23 @@ class Outstanding:
 
 def transcript(conversation_id: str, system_prompt: str) -> tuple[list[dict], list[Outstanding]]:
     """Build the request's messages from the event log, and list the calls still outstanding."""
-    events = Event.objects.filter(
-        conversation_id=conversation_id, type__in=TRANSCRIPT_TYPES
-    ).order_by("seq")
     entries: list = []  # a message, or an assistant slot: (message, run_id, calls, results)
     slot_of: dict[str, tuple[dict, str, list, dict]] = {}
-    for event in events:
-        data = event.data or {}
-        if event.type == "message.user" and data.get("files"):
+    for kind, data, run_id in store.read_log(conversation_id, TRANSCRIPT_TYPES):
+        data = data or {}
+        if kind == "message.user" and data.get("files"):
             # Files reach the model as content parts (docs/delegation.md#files).
             entries.append(
                 {"role": "user", "content": user_content(data.get("content", ""), data["files"])}
             )
-        elif event.type in ("message.user", "task.notification"):
+        elif kind in ("message.user", "task.notification"):
             entries.append({"role": "user", "content": data.get("content", "")})
-        elif event.type == "message.assistant":
+        elif kind == "message.assistant":
             message = {"role": "assistant", "content": data.get("content")}
             calls = data.get("toolCalls") or []
             if calls:
                 message["tool_calls"] = calls
-                slot: tuple[dict, str, list, dict] = (message, event.run_id or "", calls, {})
+                slot: tuple[dict, str, list, dict] = (message, run_id or "", calls, {})
                 entries.append(slot)
                 for call in calls:
                     slot_of[call["id"]] = slot

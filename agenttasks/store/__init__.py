@@ -18,7 +18,7 @@ hot transitions (create, claim, end) are one statement each (`store.postgres`).
 - `store.limits`: the user's active-task limit and the parent's cap.
 """
 
-from .busy_tasks import hand_over, release_task_waiting, send_to_busy_task
+from .busy_tasks import hand_over, messages_wait, release_task_waiting, send_to_busy_task
 from .claims import claim, claim_many, set_priority
 from .debts import consume_wakeup, drop_wakeups, mark_delivered
 from .delays import park, retry_later
@@ -31,7 +31,7 @@ from .deletion import (
     stored_files,
 )
 from .endings import ORPHAN_TEXT, end, finalize, record_run_end, release_retry_claim
-from .events import append_events
+from .events import append_events, read_log
 from .leases import Leases
 from .limits import active_count, check_active_limit, live_count, lock_principal
 from .locking import Log, lock_conversation, lock_task, retried
@@ -90,6 +90,7 @@ __all__ = [
     "answer",
     "answer_conversation_run",
     "append_events",
+    "read_log",
     "check_active_limit",
     "claim",
     "claim_many",
@@ -146,6 +147,7 @@ __all__ = [
     "release_task_waiting",
     "send_to_busy_task",
     "hand_over",
+    "messages_wait",
     "start_conversation_run",
     "take_steers",
     "stop_runs",

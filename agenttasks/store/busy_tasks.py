@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ..exceptions import ConversationBusy, TaskNotFound
@@ -276,3 +276,19 @@ def _stop_now(log: Log, run: Run, request: str, now: datetime) -> None:
         run.status, run.ended_at = RunStatus.INTERRUPTED, now
         run_finished(log, run)
     run.save()
+
+
+# Every ending asks (lifecycle/effects.py): plain SQL, without the ORM's compiling of a query.
+MESSAGES_WAIT = (
+    "SELECT 1 FROM agenttasks_run WHERE task_id = %s AND (status = %s OR (status IN ("
+    + ", ".join(["%s"] * len(RUN_ENDED))
+    + ") AND steers > steers_taken)) LIMIT 1"
+)
+
+
+def messages_wait(task_id: str) -> bool:
+    """Say whether messages wait to re-open a task: enqueued (a `waiting` run), or steered to a
+    run that ended without reading them (one read of the task's runs)."""
+    with connection.cursor() as cursor:
+        cursor.execute(MESSAGES_WAIT, [task_id, RunStatus.WAITING, *sorted(RUN_ENDED)])
+        return cursor.fetchone() is not None

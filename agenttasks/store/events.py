@@ -1,9 +1,10 @@
 """Events a runtime appends to a conversation's log outside any transition."""
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from ..exceptions import ConversationNotFound
 from . import postgres
@@ -30,3 +31,21 @@ def append_events(
         for t, d, r, k in events:
             log.add(conversation_id, t, d, run_id=r, task_id=k)
         log.flush()
+
+
+def read_log(conversation_id: str, types: Sequence[str]) -> list[tuple[str, Any, str | None]]:
+    """Read a conversation's events of `types` in order, as (type, data, run_id).
+
+    A chat run reads its transcript at every model turn: plain SQL, without the ORM's compiling
+    of a query and its model instances.
+    """
+    marks = ", ".join(["%s"] * len(types))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT type, data, run_id FROM agenttasks_event"
+            f" WHERE conversation_id = %s AND type IN ({marks}) ORDER BY seq",
+            [conversation_id, *types],
+        )
+        rows = cursor.fetchall()
+    # Django's backends hand a JSON column over as text (JSONField decodes it).
+    return [(t, json.loads(d) if isinstance(d, str) else d, r) for t, d, r in rows]

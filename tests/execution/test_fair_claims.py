@@ -1,5 +1,5 @@
 """What the claims take first: due runs only, wake-ups, owners in turn, priorities (both
-databases: agenttasks_claim_runs_v4 on PostgreSQL, store.claims.fair_order elsewhere)."""
+databases: agenttasks_claim_runs_v5 on PostgreSQL, store.claims.fair_order elsewhere)."""
 
 from datetime import timedelta
 

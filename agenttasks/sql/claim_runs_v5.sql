@@ -1,15 +1,19 @@
--- Claims, version 4 of the claim of several runs (docs/architecture.md#in-flight-runs): a run
+-- Claims, version 5 of the claim of several runs (docs/architecture.md#in-flight-runs): a run
 -- whose not_before has not come is left queued, and the queued runs are taken fairly: wake-up
 -- runs of parents first (they finish what has begun), then owner by owner (each owner's best
 -- run, then each owner's second, ...), a higher task priority first within an owner's share and
--- between owners' runs of the same rank, then the oldest. Version 4 adds p_per_owner (0: none):
--- an owner with that many runs of tasks running gets no more of them until one ends (the runs
--- named in p_first, which their callers wait on, and runs without a task are not held back);
--- and p_agent_room ({agent: n}): no more than n runs of that agent are taken in fair order (its
--- model endpoint's line of turns has room for n more), the runs of the agent claimed by this
--- call counted. Answers {"claims": [...], "passed": n, "next_at": t}: next_at is the earliest not_before
--- still to come (null when none), so the claimer knows when to look again.
-CREATE FUNCTION agenttasks_claim_runs_v4(
+-- between owners' runs of the same rank, then the oldest. p_per_owner (0: none): an owner with
+-- that many runs of tasks running gets no more of them until one ends (the runs named in
+-- p_first, which their callers wait on, and runs without a task are not held back); and
+-- p_agent_room ({agent: n}): no more than n runs of that agent are taken in fair order (its model
+-- endpoint's line of turns has room for n more), the runs of the agent claimed by this call
+-- counted. Answers {"claims": [...], "passed": n, "next_at": t}: next_at is the earliest
+-- not_before still to come (null when none), so the claimer knows when to look again.
+-- Version 5 looks for due runs again only when the last look found as many as it asked for:
+-- version 4 looked until a look found nothing new, so in a burst one claim went on taking the
+-- runs committed while it ran, each look reading the queue again (the runs committed since are
+-- the next claim's: each one's notification asks for it).
+CREATE FUNCTION agenttasks_claim_runs_v5(
     p_worker text, p_limit integer, p_now timestamptz, p_first text[], p_per_owner integer,
     p_agent_room jsonb
 ) RETURNS jsonb
@@ -23,6 +27,7 @@ DECLARE
     v_delegates boolean := true;
     v_id text;
     v_answer jsonb;
+    v_wanted integer := 0;  -- how many due runs the last look asked for
 BEGIN
     v_ids := ARRAY(
         SELECT r.id FROM agenttasks_run r
@@ -52,9 +57,12 @@ BEGIN
         v_claimed := v_claimed || (v_round->'claims');
         v_passed := v_passed + (v_round->>'passed')::integer;
         EXIT WHEN jsonb_array_length(v_claimed) >= p_limit;
+        -- The last look found fewer than it asked for: it saw every due run.
+        EXIT WHEN NOT v_delegates AND cardinality(v_ids) < v_wanted;
         -- Then the queued runs that are due, in fair order, a few more than needed since some
         -- are passed over; each statement here sees the runs committed since the last one.
         v_delegates := false;
+        v_wanted := p_limit - jsonb_array_length(v_claimed) + 8;
         v_ids := ARRAY(
             WITH running AS (
                 SELECT c.owner_id, count(*) AS n
@@ -92,7 +100,7 @@ BEGIN
                 OR allowed.agent_rank
                    <= (p_agent_room->>allowed.agent)::integer - coalesce(taken.n, 0)
              ORDER BY (trigger = 'wakeup') DESC, share, priority DESC, queued_at, allowed.id
-             LIMIT p_limit - jsonb_array_length(v_claimed) + 8);
+             LIMIT v_wanted);
         EXIT WHEN cardinality(v_ids) = 0;
         v_seen := v_seen || v_ids;
     END LOOP;
