@@ -70,7 +70,13 @@ def silent_runs(cutoff: datetime) -> RunQuerySet:
 
 def orphans(cutoff: datetime) -> models.QuerySet[Task]:
     """Return the running tasks whose run is presumed dead (`silent_runs`)."""
-    return Task.objects.visible().filter(status=TaskStatus.RUNNING, run__in=silent_runs(cutoff))
+    # The silent runs first (usually none), then their tasks by run: as one statement, the
+    # planner could scan every running run again for each running task (seen: 0.7 s a sweep
+    # with 500 tasks running, on statistics taken while few ran).
+    run_ids = list(silent_runs(cutoff).values_list("pk", flat=True))
+    if not run_ids:
+        return Task.objects.none()
+    return Task.objects.visible().filter(status=TaskStatus.RUNNING, run_id__in=run_ids)
 
 
 def fail_orphans(retried_instead: Callable[[str, str, datetime], bool] | None = None) -> list[Task]:
