@@ -62,7 +62,8 @@ def serve(port: int, server: str = "gunicorn", env: dict | None = None) -> subpr
     """Serve the demo site on 127.0.0.1:`port` and wait until it answers.
 
     gunicorn: WSGI, WEB_WORKERS processes of 4 threads each with persistent connections
-    (CONN_MAX_AGE); uvicorn: ASGI, WEB_WORKERS processes with Django's connection pool.
+    (CONN_MAX_AGE), the app loaded before the fork (`--preload`), as docs/production.md serves
+    it; uvicorn: ASGI, WEB_WORKERS processes with Django's connection pool.
     """
     import httpx
 
@@ -74,6 +75,7 @@ def serve(port: int, server: str = "gunicorn", env: dict | None = None) -> subpr
             f"--workers={WEB_WORKERS}",
             "--worker-class=gthread",
             "--threads=4",
+            "--preload",
         ]
         extra = {}
     else:

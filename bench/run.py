@@ -52,6 +52,30 @@ def tracing_overhead(n: int) -> tuple[float, float, int]:
     return off, on, spans
 
 
+def cost(n_echo: int, n_chat: int, rounds: int = 3) -> dict[str, dict]:
+    """The server's CPU per task (web, cluster, PostgreSQL) and the serving's peak PSS, echo and
+    chat interleaved, in subprocesses: the medians of `rounds` runs of bench/cost.py."""
+    runs: dict[str, list[dict]] = {"echo": [], "chat": []}
+    for _ in range(rounds):
+        for workload, n in (("echo", n_echo), ("chat", n_chat)):
+            runs[workload].append(last_json("cost.py", f"--workload={workload}", f"--n={n}"))
+    medians = {}
+    for workload, results in runs.items():
+        cpu = {
+            part: statistics.median(r["cpu_ms"].get(part, 0.0) for r in results)
+            for part in ("web", "cluster", "postgres")
+        }
+        medians[workload] = {
+            "cpu_ms": cpu,
+            "pss_mib": statistics.median(r["pss_mib"] for r in results),
+            "seconds": statistics.median(r["seconds"] for r in results),
+            "statements": statistics.median(
+                r.get("statement_totals", {}).get("statements", 0.0) for r in results
+            ),
+        }
+    return medians
+
+
 def in_flight(n: int, slots: int | None = None, start: int = 0) -> dict:
     """P6 in a subprocess (its AGENTTASKS overrides are read at Django's setup)."""
     command = [sys.executable, "inflight.py", f"--n={n}", f"--start={start}", "--json"]
@@ -210,6 +234,22 @@ def main() -> None:
             )
         )
         print_table(rows)
+
+    goals = {"echo": "goal <= 10 ms app + 5 ms PostgreSQL", "chat": "goal <= 15 + 6 ms"}
+    for workload, figures in cost(n, flying).items():
+        cpu = figures["cpu_ms"]
+        rows.append(
+            (
+                f"Cost per {workload} task through REST (gunicorn 3x4 --preload, 2 workers), "
+                f"N={n if workload == 'echo' else flying}, median of 3 interleaved",
+                f"web {cpu['web']:.1f} + cluster {cpu['cluster']:.1f} ms, "
+                f"PostgreSQL {cpu['postgres']:.1f} ms CPU a task",
+                f"{figures['statements']:.1f} statements a task, serving PSS "
+                f"{figures['pss_mib']:.0f} MiB, {figures['seconds']:.1f} s",
+                goals[workload] + ("; PSS <= 400 MiB" if workload == "chat" else ""),
+            )
+        )
+    print_table(rows)
 
     off, on, spans = tracing_overhead(n)
     rows.append(

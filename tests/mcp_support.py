@@ -191,6 +191,7 @@ def gunicorn_server(transactional_db):
             "--workers=1",
             "--worker-class=gthread",
             "--threads=4",
+            "--preload",
         ],
         cwd=ROOT,
         env={**os.environ, **database_env(), "DJANGO_SETTINGS_MODULE": "tests.settings"},

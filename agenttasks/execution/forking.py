@@ -1,4 +1,4 @@
-"""Keep database connections from crossing a fork.
+"""Keep database connections from crossing a fork, and memory shared across it.
 
 django-q2 forks its sentinel, workers, pusher and monitor from the process that started the
 cluster (and gunicorn forks its workers). A forked child inherits the parent's open sockets: a
@@ -7,6 +7,7 @@ talking over one socket read each other's results, which is data corruption, not
 child drops what it inherited before it touches the database and opens its own.
 """
 
+import gc
 import os
 
 from django.db import connections
@@ -39,10 +40,18 @@ def forget_inherited_connections() -> None:
 
 
 def install_fork_guard() -> None:
-    """Run `forget_inherited_connections` in every child forked from now on (once per process)."""
+    """Run `forget_inherited_connections` in every child forked from now on, and freeze the
+    garbage collector's objects for each fork (once per process)."""
     global _installed
     if not _installed and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=forget_inherited_connections)
+        # Frozen for the fork, the parent's objects are left alone by the child's garbage
+        # collections, so the memory pages holding them stay shared instead of being copied;
+        # the parent collects as before.
+        os.register_at_fork(
+            before=gc.freeze,
+            after_in_parent=gc.unfreeze,
+            after_in_child=forget_inherited_connections,
+        )
         _installed = True
 
 

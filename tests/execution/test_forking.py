@@ -1,5 +1,6 @@
-"""Forked processes never share the parent's database connections or pool."""
+"""Forked processes never share the parent's database connections or pool, and share its memory."""
 
+import gc
 import os
 
 import pytest
@@ -44,6 +45,23 @@ def test_a_forked_child_opens_its_own_connection():
         assert child != parent
     # The parent's session is intact: the child did not end it over the shared socket.
     assert backend_identity() == parent
+
+
+def test_a_forked_child_has_the_parents_objects_frozen_and_the_parent_collects_as_before():
+    before = gc.get_freeze_count()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, str(gc.get_freeze_count()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    in_child = int(os.read(read, 100).decode())
+    os.waitpid(pid, 0)
+    # The child's collections leave the parent's objects, and so their memory pages, alone.
+    assert in_child > before
+    assert gc.get_freeze_count() == before
 
 
 def test_the_guard_is_installed_when_the_app_is_ready():

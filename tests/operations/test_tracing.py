@@ -65,6 +65,7 @@ class Server:
                 "--workers=1",
                 "--worker-class=gthread",
                 "--threads=4",
+                "--preload",
             ],
             cwd=ROOT,
             env={
