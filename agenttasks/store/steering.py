@@ -48,15 +48,15 @@ def take_steers(run_id: str) -> list[Event]:
         return taken
 
 
+UNTAKEN_STEERS = "SELECT 1 FROM agenttasks_run WHERE id = %s AND steers > steers_taken"
+
+
 def _has_untaken_steers(run_id: str) -> bool:
     """Say whether messages were steered to a run since it last looked, in one primary-key
     read (a chat run asks at each turn: plain SQL, without the ORM's compiling of a query)."""
     with connection.cursor() as cursor:
         cursor.execute(UNTAKEN_STEERS, [run_id])
         return cursor.fetchone() is not None
-
-
-UNTAKEN_STEERS = "SELECT 1 FROM agenttasks_run WHERE id = %s AND steers > steers_taken"
 
 
 def leave_untaken(log: Log, run: Run, now: datetime) -> None:
