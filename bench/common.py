@@ -111,6 +111,33 @@ def serve(port: int, server: str = "gunicorn", env: dict | None = None) -> subpr
     return process
 
 
+def process_table() -> list[dict]:
+    """Every process of this machine: pid, process group, command, and its CPU seconds (`cpu`)
+    and those of the children it has reaped (`reaped`: exited backends, replaced workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rows = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        rows.append(
+            {
+                "pid": int(entry),
+                "pgid": int(fields[2]),
+                "command": command,
+                "cpu": (int(fields[11]) + int(fields[12])) / tick,
+                "reaped": (int(fields[13]) + int(fields[14])) / tick,
+            }
+        )
+    return rows
+
+
 def stop(process: subprocess.Popen) -> None:
     """Kill a server or cluster started by the benchmarks, with every process it forked."""
     if process.poll() is None:

@@ -34,6 +34,7 @@ from common import (
     bench_user,
     clean,
     post_tasks,
+    process_table,
     serve,
     setup_django,
     stop,
@@ -43,26 +44,6 @@ from common import (
 PORT = 8768
 CHAT_AGENT = "chatter"
 MODEL_PORT = 8791
-
-
-def process_table() -> list[dict]:
-    """Every process of this machine: pid, process group, command, CPU seconds, RSS and PSS."""
-    tick = os.sysconf("SC_CLK_TCK")
-    rows = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                command = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        # utime, stime, and the same of the children it has reaped (exited backends, workers).
-        cpu = sum(int(fields[k]) for k in (11, 12, 13, 14)) / tick
-        rows.append({"pid": int(entry), "pgid": int(fields[2]), "command": command, "cpu": cpu})
-    return rows
 
 
 def memory_kib(pid: int) -> tuple[int, int]:
@@ -93,7 +74,7 @@ def cpu_by_kind(groups: dict[int, str]) -> dict[str, float]:
     for row in process_table():
         kind = kind_of(row, groups)
         if kind is not None:
-            out[kind] = out.get(kind, 0.0) + row["cpu"]
+            out[kind] = out.get(kind, 0.0) + row["cpu"] + row["reaped"]
     return out
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import Cluster, bench_user, clean, setup_django, wait_until
+from common import Cluster, bench_user, clean, process_table, setup_django, wait_until
 
 HERE = Path(__file__).resolve().parent
 MODEL_PORT = 8790
@@ -88,29 +88,20 @@ def group_rss_kib(pgid: int) -> int:
 
 def cpu_seconds() -> dict[str, float]:
     """CPU seconds so far of this machine's processes, by what they are."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                command = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
+    for row in process_table():
+        command = row["command"]
         if "qcluster" in command:
             kind = "cluster"
         elif command.startswith("postgres"):
             kind = "postgres"
         elif "model_server" in command:
             kind = "model server"
-        elif int(entry) == os.getpid():
+        elif row["pid"] == os.getpid():
             kind = "bench (creates, sampling)"
         else:
             continue
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[kind] = out.get(kind, 0.0) + row["cpu"]
     return out
 
 
