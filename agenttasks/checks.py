@@ -227,7 +227,7 @@ def check_fork_safety(app_configs=None, **kwargs):
 
 @register()
 def check_model_limits(app_configs=None, **kwargs):
-    """Check MODEL_LIMITS: a dict of endpoint names to positive limits."""
+    """Check MODEL_LIMITS (a dict of endpoint names to positive limits) and BUDGET_STORE."""
     return [
         Error(
             problem,
@@ -235,6 +235,7 @@ def check_model_limits(app_configs=None, **kwargs):
             id="agenttasks.E007",
         )
         for problem in budgets.problems(app_settings.MODEL_LIMITS)
+        + budgets.store_problems(app_settings.BUDGET_STORE)
     ]
 
 

@@ -100,6 +100,9 @@ DEFAULTS: dict[str, Any] = {
     # Each model endpoint's limits, shared by the cluster (docs/operating.md#meeting-your-providers-limits):
     # {"default": {"requests_per_minute": 3000, "tokens_per_minute": 1_000_000, "concurrent": 50}}.
     "MODEL_LIMITS": {},
+    # Where the budgets live: "database", "redis" (django-q2's Redis), or "auto": Redis where
+    # django-q2's broker is its Redis broker, else the database.
+    "BUDGET_STORE": "auto",
     # Operating (docs/rest.md#health-and-metrics, docs/lifecycle.md#retention).
     "HEALTH_TOKEN": None,
     "METRICS_ENABLED": False,

@@ -358,6 +358,16 @@ def _broker() -> Broker:
     return get_broker()
 
 
+@functools.cache
+def uses_redis() -> bool:
+    """Say whether django-q2's broker is its Redis broker."""
+    try:
+        from django_q.brokers.redis_broker import Redis
+    except ImportError:  # the redis package is not installed
+        return False
+    return isinstance(broker(), Redis)
+
+
 def disarm_schedule(q_id: int | None) -> None:
     """Stop a row armed by `arm_schedule` from firing (an update: no save signal)."""
     if q_id is not None:

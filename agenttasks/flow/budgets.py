@@ -29,9 +29,11 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from ..broker import queue
 from ..conf import app_settings
 from ..models import ProviderBudget, ProviderPermit, WorkerProcess
 from ..store import postgres
+from . import redis_store
 
 LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "concurrent")
 # The share of a configured rate the starts are spaced by: a start that comes late (a busy
@@ -110,6 +112,18 @@ def problems(setting) -> list[str]:
     return found
 
 
+def store_problems(store) -> list[str]:
+    """Say what is wrong with a BUDGET_STORE value (the system check agenttasks.E007)."""
+    if store not in ("auto", "database", "redis"):
+        return [f"BUDGET_STORE must be 'auto', 'database' or 'redis', not {store!r}"]
+    if store == "redis":
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            return ["BUDGET_STORE 'redis' needs the redis package (the `redis` extra)"]
+    return []
+
+
 def reserve(
     endpoint: str,
     tokens: int,
@@ -133,7 +147,7 @@ def reserve(
     if not limits.configured and _free.start(endpoint):
         return Reservation(endpoint, timezone.now())
     key = f"{'' if owner is None else owner}:{priority}"
-    if postgres.enabled():
+    if in_redis() or postgres.enabled():
         return _reserve_in_one_statement(
             endpoint, limits, tokens, timeout, horizon, key, parked_before
         )
@@ -176,9 +190,9 @@ def _reserve_in_one_statement(
     line: str,
     parked_before: bool,
 ) -> Reservation:
-    """`reserve` on PostgreSQL: the same steps in agenttasks_reserve_v1, so the row's lock is
-    held for one statement, not for the round trips of a transaction."""
-    answer = postgres.reserve(
+    """`reserve` in one step: agenttasks_reserve_v1 on PostgreSQL, so the row's lock is held
+    for one statement, not for the round trips of a transaction; or a script in Redis."""
+    answer = (redis_store.reserve if in_redis() else postgres.reserve)(
         {
             "endpoint": endpoint,
             "tokens": tokens,
@@ -219,12 +233,8 @@ class _Free:
         with self._lock:
             seen = self._checked.get(endpoint)
         if seen is None or now - seen > FREE_CHECK:
-            row = (
-                ProviderBudget.objects.filter(pk=endpoint)
-                .values_list("learned_rate", "paused_until")
-                .first()
-            )
-            free = row is None or (row[0] is None and (row[1] is None or row[1] <= timezone.now()))
+            learned, paused = _learned_and_paused(endpoint)
+            free = learned is None and (paused is None or paused <= timezone.now())
             with self._lock:
                 if not free:
                     self._checked.pop(endpoint, None)
@@ -250,6 +260,18 @@ class _Free:
 
 
 _free = _Free()
+
+
+def _learned_and_paused(endpoint: str) -> tuple[float | None, datetime | None]:
+    """The endpoint's learned rate and pause, from wherever its budget is kept."""
+    if in_redis():
+        return redis_store.free_state(endpoint)
+    row = (
+        ProviderBudget.objects.filter(pk=endpoint)
+        .values_list("learned_rate", "paused_until")
+        .first()
+    )
+    return row if row is not None else (None, None)
 
 
 class _Lines:
@@ -298,10 +320,19 @@ def room(within: float) -> dict[str, int]:
 
 def release(reservation: Reservation, used_tokens: int | None = None) -> None:
     """End a request: give back its permit, and correct its tokens by the usage reported."""
+    limits = limits_of(reservation.endpoint)
+    corrects = not (
+        used_tokens is None or not limits.tokens_per_minute or used_tokens == reservation.tokens
+    )
+    if in_redis():
+        moved = _token_time(limits, used_tokens - reservation.tokens) if corrects else None
+        seconds = moved.total_seconds() if moved else 0.0
+        if reservation.permit is not None or seconds:
+            redis_store.release(reservation.endpoint, reservation.permit, seconds)
+        return
     if reservation.permit is not None:
         ProviderPermit.objects.filter(pk=reservation.permit).delete()
-    limits = limits_of(reservation.endpoint)
-    if used_tokens is None or not limits.tokens_per_minute or used_tokens == reservation.tokens:
+    if not corrects:
         return
     with transaction.atomic():
         row = _locked(reservation.endpoint)
@@ -311,7 +342,11 @@ def release(reservation: Reservation, used_tokens: int | None = None) -> None:
 
 
 def forget_lapsed() -> int:
-    """Delete the permits whose holders died (the reaper's pass); return how many."""
+    """Delete the permits whose holders died (the reaper's pass); return how many. With the
+    budgets in Redis, also copy them into their rows, which the admin and health read."""
+    if in_redis():
+        redis_store.mirror()
+        return redis_store.forget_lapsed()
     deleted, _ = ProviderPermit.objects.filter(expires_at__lte=timezone.now()).delete()
     return deleted
 
@@ -324,6 +359,22 @@ def refused(endpoint: str, wait: float | None) -> None:
     """
     limits = limits_of(endpoint)
     _free.forget(endpoint)
+    if in_redis():
+        redis_store.refused(
+            {
+                "endpoint": endpoint,
+                "wait": wait,
+                "requests_per_minute": limits.requests_per_minute,
+                "cluster_rate": None
+                if limits.requests_per_minute
+                else _free.cluster_rate(endpoint),
+                "slowdown": SLOWDOWN["configured" if limits.requests_per_minute else "guessed"],
+                "headroom": HEADROOM,
+                "drop_every": DROP_EVERY,
+                "least_rate": LEAST_RATE,
+            }
+        )
+        return
     with transaction.atomic():
         row = _locked(endpoint)
         now = timezone.now()
@@ -338,6 +389,20 @@ def refused(endpoint: str, wait: float | None) -> None:
         row.next_start = max(row.next_start or now, row.paused_until or now)
         row.refusals += 1
         row.save()
+
+
+def in_redis() -> bool:
+    """Say whether the budgets are kept in Redis (BUDGET_STORE; "auto": where django-q2's broker
+    is its Redis broker) rather than in the database."""
+    store = app_settings.BUDGET_STORE
+    return store == "redis" or (store == "auto" and queue.uses_redis())
+
+
+def state(endpoint: str) -> ProviderBudget | None:
+    """Return the endpoint's budget as it stands (None before its first use)."""
+    if in_redis():
+        return redis_store.state(endpoint)
+    return ProviderBudget.objects.filter(pk=endpoint).first()
 
 
 def _locked(endpoint: str) -> ProviderBudget:

@@ -7,9 +7,11 @@ from collections import deque
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from agenttasks import lifecycle
+from agenttasks.flow import budgets, redis_store
 from agenttasks.models import ProviderBudget, Run, Task
 
 from ..conftest import wait_for
@@ -47,6 +49,17 @@ class LimitedProvider:
         return answer("done")
 
 
+@pytest.fixture(params=["database", "redis"])
+def budget_store(request):
+    """The store of the budgets the cluster's processes share: the database's rows or Redis."""
+    if request.param == "redis":
+        pytest.importorskip("redis")
+    yield request.param
+    if request.param == "redis":
+        with override_settings(AGENTTASKS={"BUDGET_STORE": "redis"}):
+            redis_store.clear()
+
+
 def chat_tasks(user, n: int) -> list[Task]:
     return [lifecycle.create(owner=user, agent_id="chatter", input=f"q {i}") for i in range(n)]
 
@@ -63,9 +76,9 @@ def all_settled(tasks, timeout: float) -> list[str]:
 
 
 def test_a_burst_against_a_provider_whose_limit_is_unknown_ends_with_every_task_completed(
-    start_cluster, model, user
+    start_cluster, model, user, budget_store
 ):
-    model.set(AGENTS=CHAT, MAX_ACTIVE_TASKS_PER_USER=0, WORKER_SLOTS=20)
+    model.set(AGENTS=CHAT, MAX_ACTIVE_TASKS_PER_USER=0, WORKER_SLOTS=20, BUDGET_STORE=budget_store)
     provider = LimitedProvider(per_second=8, seconds=0.2)
     model.script(provider)
     start_cluster(workers=2, **model.values)
@@ -73,7 +86,7 @@ def test_a_burst_against_a_provider_whose_limit_is_unknown_ends_with_every_task_
     assert statuses.count("completed") == 60, statuses
     assert provider.refused > 0  # it was over the limit, and learned it from the refusals
     assert provider.busiest_second <= 8
-    assert ProviderBudget.objects.get(pk="default").learned_rate is not None
+    assert budgets.state("default").learned_rate is not None
 
 
 def test_with_the_limit_configured_the_provider_refuses_nothing(start_cluster, model, user):
@@ -93,12 +106,15 @@ def test_with_the_limit_configured_the_provider_refuses_nothing(start_cluster, m
     assert provider.refused == 0
 
 
-def test_two_processes_never_exceed_a_concurrency_limit_of_3(start_cluster, model, user):
+def test_two_processes_never_exceed_a_concurrency_limit_of_3(
+    start_cluster, model, user, budget_store
+):
     model.set(
         AGENTS=CHAT,
         MAX_ACTIVE_TASKS_PER_USER=0,
         WORKER_SLOTS=10,
         MODEL_LIMITS={"default": {"concurrent": 3}},
+        BUDGET_STORE=budget_store,
     )
 
     def script(request):
@@ -110,6 +126,7 @@ def test_two_processes_never_exceed_a_concurrency_limit_of_3(start_cluster, mode
     statuses = all_settled(chat_tasks(user, 24), timeout=120)
     assert statuses.count("completed") == 24, statuses
     assert server.max_in_flight["m-chat"] == 3, server.max_in_flight  # used, and never more
+    assert budgets.state("default") is not None  # the budget lives in the store under test
 
 
 def test_a_delayed_task_starts_at_its_time_on_a_real_cluster(start_cluster, model, user):
