@@ -267,6 +267,10 @@ def clean() -> None:
     from django_q.brokers import get_broker
 
     get_broker().purge_queue()
+    from agenttasks.flow import budgets, redis_store
+
+    if budgets.in_redis():
+        redis_store.clear()
     OrmQ.objects.all().delete()
     QTask.objects.all().delete()
 

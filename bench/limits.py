@@ -10,7 +10,8 @@ Each scenario runs on a fresh demo cluster on PostgreSQL (docs/performance.md, P
 - fairness: user A creates N tasks, then user B creates 10, one a second: how long until each of
   B's is claimed, and until its first model request;
 - priority: a task of priority 100 created behind N queued tasks: the same two latencies;
-- two clusters on one database share the limit.
+- two clusters on one database share the limit; with `--broker redis`, on django-q2's Redis
+  broker, where the budget lives in Redis.
 
     .venv/bin/python bench/limits.py --n 1000 --rate 50 --latency 2
 """
@@ -203,7 +204,12 @@ def main() -> None:
         "--scenario", choices=["burst", "two-clusters", "fairness", "priority"], default="burst"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line (run.py)")
+    parser.add_argument(
+        "--broker", choices=["orm", "redis"], default="orm", help="redis: the budget in Redis"
+    )
     args = parser.parse_args()
+    if args.broker == "redis":
+        os.environ.update(Q_BROKER="redis", Q_NAME="agenttasks-bench-limits")
     os.environ["AGENTTASKS_OVERRIDES"] = json.dumps(
         overrides(None if args.unconfigured else args.rate)
     )
@@ -219,6 +225,7 @@ def main() -> None:
         n=args.n,
         rate=args.rate,
         configured=not args.unconfigured,
+        broker=args.broker,
         ideal=round(ideal, 1),
     )
     print(json.dumps(result) if args.json else result)

@@ -321,23 +321,21 @@ def room(within: float) -> dict[str, int]:
 def release(reservation: Reservation, used_tokens: int | None = None) -> None:
     """End a request: give back its permit, and correct its tokens by the usage reported."""
     limits = limits_of(reservation.endpoint)
-    corrects = not (
-        used_tokens is None or not limits.tokens_per_minute or used_tokens == reservation.tokens
-    )
+    moved = timedelta(0)  # how far the tokens' next free time moves: used minus reserved
+    if used_tokens is not None and limits.tokens_per_minute:
+        moved = _token_time(limits, used_tokens - reservation.tokens)
     if in_redis():
-        moved = _token_time(limits, used_tokens - reservation.tokens) if corrects else None
-        seconds = moved.total_seconds() if moved else 0.0
-        if reservation.permit is not None or seconds:
-            redis_store.release(reservation.endpoint, reservation.permit, seconds)
+        if reservation.permit is not None or moved:
+            redis_store.release(reservation.endpoint, reservation.permit, moved.total_seconds())
         return
     if reservation.permit is not None:
         ProviderPermit.objects.filter(pk=reservation.permit).delete()
-    if not corrects:
+    if not moved:
         return
     with transaction.atomic():
         row = _locked(reservation.endpoint)
         if row.next_tokens is not None:
-            row.next_tokens += _token_time(limits, used_tokens - reservation.tokens)
+            row.next_tokens += moved
             row.save(update_fields=["next_tokens"])
 
 

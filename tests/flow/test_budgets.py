@@ -248,3 +248,17 @@ def test_the_room_left_in_a_line_is_what_this_process_last_saw():
     assert fits == 0  # full: nothing more until the line moves
     budgets.reserve("no-rate", 10, 30)
     assert "no-rate" not in budgets.room(1.0)  # an endpoint without a rate has no line
+
+
+def test_after_a_reaper_pass_the_budgets_row_says_what_the_store_holds():
+    """The admin and `GET /health` read the rows; with Redis, the reaper copies them there."""
+    with limited(requests_per_minute=600):
+        budgets.reserve("llm", 10, 30)
+        budgets.refused("llm", 5.0)
+    reaper.reap()
+    row = ProviderBudget.objects.get(pk="llm")
+    held = budgets.state("llm")
+    assert row.refusals == held.refusals == 1
+    assert row.learned_rate == pytest.approx(held.learned_rate)
+    assert row.paused_until == held.paused_until
+    assert row.paused_until > timezone.now() + timedelta(seconds=4)
