@@ -103,6 +103,8 @@ def burst(n: int, workers: int, clusters: int = 1) -> dict:
         ended = wait_until(lambda: settled() >= n, 900, poll=0.1)
         figures = model("stats")
         figures.pop("marks")
+        if os.environ.get("BENCH_TIMELINE") != "1":
+            figures.pop("timeline")
     finally:
         for cluster in running:
             cluster.stop()

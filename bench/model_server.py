@@ -28,15 +28,20 @@ class Stats:
         self.busiest_second = 0
         self.started: collections.deque[float] = collections.deque()
         self.marks: dict[str, float] = {}  # a marked question ("mark:…"): when it first arrived
+        self.reset_at = time.monotonic()
+        self.seconds: collections.Counter[tuple[int, bool]] = collections.Counter()
 
     def admit(self, rate: int) -> bool:
         """Whether a request may start now under `rate` a second (0: any), counting it if so."""
         now = time.monotonic()
         while self.started and self.started[0] <= now - 1:
             self.started.popleft()
+        second = int(now - self.reset_at)
         if rate and len(self.started) >= rate:
             self.refused += 1
+            self.seconds[second, False] += 1
             return False
+        self.seconds[second, True] += 1
         self.started.append(now)
         self.busiest_second = max(self.busiest_second, len(self.started))
         return True
@@ -45,6 +50,8 @@ class Stats:
         self.peak, self.served, self.refused, self.busiest_second = self.in_flight, 0, 0, 0
         self.started.clear()
         self.marks.clear()
+        self.reset_at = time.monotonic()
+        self.seconds.clear()
 
     def as_json(self) -> bytes:
         return json.dumps(
@@ -55,6 +62,11 @@ class Stats:
                 "refused": self.refused,
                 "busiestSecond": self.busiest_second,
                 "marks": self.marks,
+                # Each second since the reset: [requests started, requests refused].
+                "timeline": [
+                    [self.seconds[s, True], self.seconds[s, False]]
+                    for s in range(max((s for s, _ in self.seconds), default=-1) + 1)
+                ],
             }
         ).encode()
 
