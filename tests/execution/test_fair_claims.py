@@ -1,6 +1,7 @@
 """What the claims take first: due runs only, wake-ups, owners in turn, priorities (both
-databases: agenttasks_claim_runs_v5 on PostgreSQL, store.claims.fair_order elsewhere)."""
+databases: agenttasks_claim_runs_v6 on PostgreSQL, store.claims.fair_order elsewhere)."""
 
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from agenttasks.models import Run, Task
 from agenttasks.runtime import task_tools
 from agenttasks.types import Ending, NewTask, RunOutcome
 
+from ..conftest import run_threads
 from ..factories import ConversationFactory, RunFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,6 +122,25 @@ def test_an_owner_at_the_running_limit_waits_while_others_go_on(user):
     store.end(burst[0].id, burst[0].run_id, Ending("completed"), outcome=done)
     assert claimed(10) == [burst[2].run_id]  # one ended: the owner's next one goes
     assert Run.objects.filter(status="queued").count() == 3
+
+
+@override_settings(AGENTTASKS={"MAX_RUNNING_PER_USER": 1})
+def test_claimers_racing_never_let_an_owner_past_the_running_limit():
+    """Eight processes' claims at once (threads with their own connections), over the queues of
+    many owners: a claim that passes over the runs another claim holds must not take those
+    owners' next runs beside them."""
+    owners = [UserFactory(username=f"owner{i}") for i in range(40)]
+    for owner in owners:
+        create(owner, 3)
+    for _ in range(3):
+        made = run_threads(lambda i: claimed(6), 8)
+        assert all(isinstance(ids, list) for ids in made), made
+        running = Run.objects.filter(status="running")
+        by_owner = Counter(run.conversation.owner_id for run in running)
+        assert by_owner and max(by_owner.values()) == 1, by_owner
+        for run in running:  # end them: the next round races for the owners' next runs
+            outcome = RunOutcome(run.id, "completed", text="done")
+            store.end(run.task_id, run.id, Ending("completed"), outcome=outcome)
 
 
 @override_settings(AGENTTASKS={"MAX_RUNNING_PER_USER": 1})

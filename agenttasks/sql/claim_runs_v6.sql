@@ -1,4 +1,4 @@
--- Claims, version 5 of the claim of several runs (docs/architecture.md#in-flight-runs): a run
+-- Claims, version 6 of the claim of several runs (docs/architecture.md#in-flight-runs): a run
 -- whose not_before has not come is left queued, and the queued runs are taken fairly: wake-up
 -- runs of parents first (they finish what has begun), then owner by owner (each owner's best
 -- run, then each owner's second, ...), a higher task priority first within an owner's share and
@@ -13,7 +13,11 @@
 -- version 4 looked until a look found nothing new, so in a burst one claim went on taking the
 -- runs committed while it ran, each look reading the queue again (the runs committed since are
 -- the next claim's: each one's notification asks for it).
-CREATE FUNCTION agenttasks_claim_runs_v5(
+-- Version 6 makes p_per_owner hard: its claims take turns (a transaction-level advisory lock),
+-- so each one's looks see the runs the claim before it took. In version 5 a claim that passed
+-- over the runs another claim held went on to those owners' next runs, and an owner could end
+-- with several runs beyond the limit.
+CREATE FUNCTION agenttasks_claim_runs_v6(
     p_worker text, p_limit integer, p_now timestamptz, p_first text[], p_per_owner integer,
     p_agent_room jsonb
 ) RETURNS jsonb
@@ -29,6 +33,11 @@ DECLARE
     v_answer jsonb;
     v_wanted integer := 0;  -- how many due runs the last look asked for
 BEGIN
+    IF p_per_owner > 0 THEN
+        -- Held to the end of the claim's transaction; the statements below, each with a
+        -- snapshot of its own, see what the claims before this one committed.
+        PERFORM pg_advisory_xact_lock(hashtext('agenttasks_claim_runs'));
+    END IF;
     v_ids := ARRAY(
         SELECT r.id FROM agenttasks_run r
          WHERE r.id = ANY(coalesce(p_first, '{}'))
