@@ -251,6 +251,17 @@ def main() -> None:
                 goals[workload] + ("; PSS <= 400 MiB" if workload == "chat" else ""),
             )
         )
+    idle = last_json("idle.py", "--seconds=20", "--rounds=2")
+    rows.append(
+        (
+            "An idle demo cluster (2 workers) for 20 s, medians of 2 interleaved",
+            f"{idle['listening']['cluster']:.1f} % of a core + PostgreSQL "
+            f"{idle['listening']['postgres']:.1f} % (ListeningORM)",
+            f"django-q2's ORM broker (poll 0.05 s): {idle['polling']['cluster']:.1f} % + "
+            f"{idle['polling']['postgres']:.1f} %",
+            "no idle polling",
+        )
+    )
     print_table(rows)
 
     off, on, spans = tracing_overhead(n)

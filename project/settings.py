@@ -170,10 +170,17 @@ Q_CLUSTER = {
     "log_level": os.environ.get("Q_LOG_LEVEL", "INFO"),
 }
 
+# On PostgreSQL an idle cluster waits for jobs instead of reading its queue every `poll` seconds
+# (docs/production.md#the-job-queue).
+# Q_LISTEN=0 keeps django-q2's own polling broker (bench/idle.py compares the two).
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("Q_LISTEN") != "0":
+    Q_CLUSTER["broker_class"] = "agenttasks.broker.orm.ListeningORM"
+
 # Q_BROKER=redis uses django-q2's Redis broker (REDIS_URL) instead of the database; several
 # clusters on several machines then share one Redis and one PostgreSQL.
 if os.environ.get("Q_BROKER") == "redis":
     del Q_CLUSTER["orm"]
+    Q_CLUSTER.pop("broker_class", None)
     Q_CLUSTER["redis"] = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 AGENTTASKS = {

@@ -207,6 +207,8 @@ def enqueue_run(run_id: str) -> None:
 
 
 RUNS_CHANNEL = "agenttasks_runs"
+# What a commit that enqueues django-q2 jobs notifies (agenttasks.broker.orm.ListeningORM).
+JOBS_CHANNEL = "agenttasks_jobs"
 _listening = (0.0, False)  # (monotonic time it was read, whether worker processes listen)
 _listening_lock = threading.Lock()
 LISTENING_TTL = 1.0  # seconds a web process trusts what it read

@@ -4,7 +4,8 @@ What SQL and Python share is written into a template from Python (`render`), so 
 source: `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs of
 states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames), `:id_length` and
 `:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue table),
-`:runs_channel` (the channel worker processes listen on) and the channels of
+`:runs_channel` (the channel worker processes listen on), `:jobs_channel` (the channel idle
+pushers of agenttasks.broker.orm listen on) and the channels of
 agenttasks.broker.listen (`:events_channel`, `:stop_channel`, `:task_ended_channel`).
 
 A migration never renders: it runs the text frozen in `agenttasks/migrations/frozen/` when it was
@@ -40,7 +41,7 @@ def constants() -> dict[str, str]:
     """Return the SQL text of each constant that SQL and Python share, by placeholder."""
     # Imported here: a migration imports this package, and the rest of agenttasks is not its floor.
     from ..broker.listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
-    from ..broker.queue import ORMQ_TABLE, RUNS_CHANNEL
+    from ..broker.queue import JOBS_CHANNEL, ORMQ_TABLE, RUNS_CHANNEL
     from ..ids import ALPHABET, ID_LENGTH
     from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
 
@@ -50,6 +51,7 @@ def constants() -> dict[str, str]:
         ":allowed": _literals(f"{src}>{dst}" for src, dst in TRANSITIONS if src is not None),
         ":id_alphabet": f"'{ALPHABET}'",
         ":id_length": str(ID_LENGTH),
+        ":jobs_channel": f"'{JOBS_CHANNEL}'",
         ":live": _literals(LIVE),
         ":notified": _literals(NOTIFIED),
         ":ormq": ORMQ_TABLE,

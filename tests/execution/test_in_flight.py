@@ -346,7 +346,8 @@ def test_a_saturated_cluster_still_reaps_and_delivers_callbacks(start_cluster, u
         lifecycle.stop(busy[0].id)
         wait_for(lambda: receiver.bodies(), timeout=10, message="the callback")
         assert receiver.bodies()[0]["taskId"] == busy[0].id
-        assert running(busy) == 6  # the freed slot took a queued run
+        # The freed slot takes a queued run (the callback's job may be delivered before that).
+        wait_for(lambda: running(busy) == 6, timeout=10, message="the freed slot taken")
 
 
 # --- the claim of several runs -------------------------------------------------------------------
