@@ -138,7 +138,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "agenttasks.api.authentication.TokenAuthentication",  # DRF's, its lookup in raw SQL
         "rest_framework.authentication.SessionAuthentication",
         # DRF's defaults are session and Basic: `curl -u admin:admin` works, as the README says.
         "rest_framework.authentication.BasicAuthentication",
