@@ -6,6 +6,8 @@ now, the endpoint's next free start, the time its tokens are free again, and the
 refusal asked for; the next free start moves on by one request's share of the rate. So the
 cluster's starts are spaced by the endpoint's rate whatever the number of processes and nodes,
 and a run that must wait knows how long at once (it waits in its slot, holding no connection).
+Where the budgets are kept in Redis (BUDGET_STORE, `in_redis`), each step is one script there
+instead (`flow.redis_store`), and the reaper copies the budgets into their rows.
 
 The rate is the endpoint's `requests_per_minute` (MODEL_LIMITS), or the one its refusals taught
 if lower: a 429 (or a 503 with a hint) pauses the endpoint for as long as the provider asked and
