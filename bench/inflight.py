@@ -69,15 +69,11 @@ def stats() -> dict:
 def group_rss_kib(pgid: int) -> int:
     """The resident memory of every process in a process group (KiB)."""
     total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for row in process_table():
+        if row["pgid"] != pgid:
             continue
         try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # the 5th field: the process group
-                continue
-            with open(f"/proc/{entry}/status") as fh:
+            with open(f"/proc/{row['pid']}/status") as fh:
                 for line in fh:
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1])

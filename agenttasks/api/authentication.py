@@ -9,7 +9,9 @@ token fails at once). Use it in place of `rest_framework.authentication.TokenAut
 """
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connections, router
@@ -46,16 +48,13 @@ class _Lookup:
     sql: str
     token_fields: list[str]
     user_fields: list[str]
-    columns: list  # each selected column as the ORM knows it, for its converters
+    converters: list[tuple[int, Callable, Any]]  # (column, converter, its expression)
 
     def convert(self, row, connection) -> list:
         """The row's values as the ORM would give them (SQLite's datetimes made aware, ...)."""
         values = list(row)
-        for i, column in enumerate(self.columns):
-            for converter in connection.ops.get_db_converters(
-                column
-            ) + column.field.get_db_converters(connection):
-                values[i] = converter(values[i], column, connection)
+        for i, converter, column in self.converters:
+            values[i] = converter(values[i], column, connection)
         return values
 
 
@@ -64,7 +63,8 @@ def _lookup(token_model, user_model, alias: str) -> _Lookup:
     token_fields = token_model._meta.concrete_fields
     user_fields = user_model._meta.concrete_fields
     user_fk = token_model._meta.get_field("user")
-    quote = connections[alias].ops.quote_name
+    database = connections[alias]
+    quote = database.ops.quote_name
     selected = [f"t.{quote(f.column)}" for f in token_fields]
     selected += [f"u.{quote(f.column)}" for f in user_fields]
     sql = (
@@ -73,9 +73,16 @@ def _lookup(token_model, user_model, alias: str) -> _Lookup:
         f" ON u.{quote(user_fk.target_field.column)} = t.{quote(user_fk.column)}"
         f" WHERE t.{quote(token_model._meta.get_field('key').column)} = %s"
     )
+    columns = [f.get_col("t") for f in token_fields] + [f.get_col("u") for f in user_fields]
+    converters = [
+        (i, converter, column)
+        for i, column in enumerate(columns)
+        for converter in database.ops.get_db_converters(column)
+        + column.field.get_db_converters(database)
+    ]
     return _Lookup(
         sql,
         [f.attname for f in token_fields],
         [f.attname for f in user_fields],
-        [f.get_col("t") for f in token_fields] + [f.get_col("u") for f in user_fields],
+        converters,
     )

@@ -72,13 +72,11 @@ class ListeningORM(ORM):
     def _listening(self):
         if self._listener is not None:
             return self._listener
-        settings = connections[Conf.ORM].settings_dict
-        if connections[Conf.ORM].vendor != "postgresql":
-            return None
-        if time.monotonic() - self._broken_at < IDLE_WAIT:
+        database = connections[Conf.ORM]
+        if database.vendor != "postgresql" or time.monotonic() - self._broken_at < IDLE_WAIT:
             return None
         try:
-            self._listener = raw_connection(settings, SESSION_NAME)
+            self._listener = raw_connection(database.settings_dict, SESSION_NAME)
             self._listener.execute(f"LISTEN {JOBS_CHANNEL}")
         except Exception:  # noqa: BLE001 (the database is away: poll until it is back)
             logger.warning("pusher.listen_failed", exc_info=True)

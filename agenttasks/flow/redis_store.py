@@ -143,14 +143,14 @@ def _keys(endpoint: str) -> list[str]:
     return [base, f"{base}:lines", f"{base}:permits", f"{base}:permit-ids", _index()]
 
 
-def _run(text: str, p: dict) -> list:
-    answer = _script(text)(keys=_keys(p["endpoint"]), args=[json.dumps(p)])
-    return [v.decode() if isinstance(v, bytes) else v for v in answer] if answer != 1 else []
+def _run(text: str, p: dict):
+    """Run one of the scripts on the budget of p["endpoint"]; return its answer."""
+    return _script(text)(keys=_keys(p["endpoint"]), args=[json.dumps(p)])
 
 
 def reserve(p: dict) -> dict:
     """Reserve a request's turn (the parameters and the answer of agenttasks_reserve_v1)."""
-    kind, start, rate, free_start, permit = _run(_RESERVE, p)
+    kind, start, rate, free_start, permit = (v.decode() for v in _run(_RESERVE, p))
     return {
         "start": _instant(start).isoformat(),
         "free_start": _instant(free_start).isoformat(),
