@@ -93,6 +93,37 @@ def statuses() -> dict[str, int]:
     return dict(Task.objects.values_list("status").annotate(n=Count("pk")))
 
 
+def sampled(budget: list, started: float) -> bool:
+    """Note the budget's learned rate and how far its line runs ahead, twice a second (for
+    BENCH_TIMELINE); say True."""
+    from django.utils import timezone
+
+    from agenttasks.flow import budgets
+
+    at = time.monotonic() - started
+    if os.environ.get("BENCH_TIMELINE") == "1" and (not budget or at - budget[-1][0] >= 0.5):
+        row = budgets.state("default")
+        if row is not None:
+            now = timezone.now()
+            ahead = (row.next_start - now).total_seconds() if row.next_start else None
+            from django.db.models import Max
+
+            from agenttasks.models import Run
+
+            later = Run.objects.filter(status="queued", not_before__gt=now)
+            furthest = later.aggregate(m=Max("not_before"))["m"]
+            budget.append(
+                (
+                    round(at, 1),
+                    row.learned_rate and round(row.learned_rate, 1),
+                    ahead and round(ahead, 1),
+                    later.count(),
+                    furthest and round((furthest - now).total_seconds(), 1),
+                )
+            )
+    return True
+
+
 def burst(n: int, workers: int, clusters: int = 1) -> dict:
     clean()
     running = [Cluster(workers) for _ in range(clusters)]
@@ -100,11 +131,14 @@ def burst(n: int, workers: int, clusters: int = 1) -> dict:
         model("reset")
         started = time.monotonic()
         create(n, owner=user("a"))
-        ended = wait_until(lambda: settled() >= n, 900, poll=0.1)
+        budget: list = []
+        ended = wait_until(lambda: sampled(budget, started) and settled() >= n, 900, poll=0.1)
         figures = model("stats")
         figures.pop("marks")
         if os.environ.get("BENCH_TIMELINE") != "1":
             figures.pop("timeline")
+        else:
+            figures["budget"] = budget
     finally:
         for cluster in running:
             cluster.stop()
