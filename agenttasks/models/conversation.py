@@ -50,6 +50,7 @@ class Conversation(models.Model):
         related_name="children",
         verbose_name="parent conversation",
         help_text="For a hidden task conversation: the conversation that spawned its task.",
+        db_index=False,  # agenttasks_conv_parent_idx, for the conversations that have one
     )
     # Kept equal to the newest event's seq by a database trigger (see migration 0002), so that
     # appending events costs one INSERT and the next seq is read from the locked row.
@@ -74,6 +75,13 @@ class Conversation(models.Model):
                 fields=["updated_at"],
                 name="agenttasks_conv_root_idx",
                 condition=models.Q(parent__isnull=True),
+            ),
+            # Partial: most conversations have no parent, and each update of one that is not
+            # HOT adds an entry to every index whose condition it meets.
+            models.Index(
+                fields=["parent"],
+                name="agenttasks_conv_parent_idx",
+                condition=models.Q(parent__isnull=False),
             ),
         ]
 

@@ -133,6 +133,7 @@ class Run(models.Model):
         on_delete=models.SET_NULL,
         related_name="absorbed_runs",
         verbose_name="counted in",
+        db_index=False,  # agenttasks_run_counted_in_idx, for the runs that have one
         help_text="The caller run whose usage absorbed this delegate run's usage.",
     )
     counted_usage = models.JSONField(
@@ -166,6 +167,13 @@ class Run(models.Model):
                 fields=["not_before"],
                 name="agenttasks_run_waiting_idx",
                 condition=models.Q(status="queued", not_before__isnull=False),
+            ),
+            # Partial: few runs are counted in another (each write of a run adds an entry to
+            # every index whose condition it meets).
+            models.Index(
+                fields=["counted_in"],
+                name="agenttasks_run_counted_in_idx",
+                condition=models.Q(counted_in__isnull=False),
             ),
         ]
 

@@ -118,6 +118,7 @@ class Task(models.Model):
         on_delete=models.SET_NULL,
         related_name="tasks",
         verbose_name="schedule",
+        db_index=False,  # agenttasks_task_schedule_idx, for the tasks that have one
     )
     state = models.JSONField("state", null=True, blank=True)
     inherit = models.JSONField("agent snapshot", default=dict, blank=True)
@@ -144,6 +145,7 @@ class Task(models.Model):
         on_delete=models.SET_NULL,
         related_name="spawned_tasks",
         verbose_name="spawning run",
+        db_index=False,  # agenttasks_task_parent_run_idx, for the tasks that have one
     )
     tool_call_id = models.CharField("tool call id", max_length=200, blank=True)
     delegation_key = models.CharField("delegation key", max_length=64, blank=True)
@@ -193,9 +195,23 @@ class Task(models.Model):
             ),
             # The tasks of a parent conversation (cap counts, listings, tree walks).
             models.Index(
-                fields=["parent_conversation", "status"], name="agenttasks_task_parent_idx"
+                fields=["parent_conversation", "status"],
+                condition=Q(parent_conversation__isnull=False),
+                name="agenttasks_task_parent_idx",
             ),
             models.Index(fields=["status", "updated_at"], name="agenttasks_task_status_idx"),
+            # Partial: most tasks have no parent run and no schedule, and each write of a task
+            # (its status changes) adds an entry to every index whose condition it meets.
+            models.Index(
+                fields=["parent_run"],
+                condition=Q(parent_run__isnull=False),
+                name="agenttasks_task_parent_run_idx",
+            ),
+            models.Index(
+                fields=["schedule"],
+                condition=Q(schedule__isnull=False),
+                name="agenttasks_task_schedule_idx",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
