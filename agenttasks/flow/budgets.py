@@ -23,8 +23,11 @@ place in its owner's line. Each process remembers where each line ended when it 
 """
 
 import math
+import os
+import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -51,6 +54,11 @@ DROP_EVERY = 1.0  # seconds: the learned rate drops once in this time at most
 LEAST_RATE = 0.1  # requests a second: a learned rate never goes below this
 PERMIT_SLACK = 30.0  # seconds a permit outlives its request's timeout before it lapses
 FREE_CHECK = 1.0  # seconds a process trusts that an endpoint without limits is still free
+# The first refusal of an endpoint without a rate measures the provider's limit: the requests
+# the cluster's processes sent in the MEASURED_OVER seconds before the refused one and that the
+# provider did not refuse, summed. Each process remembers its requests for KEPT_FOR seconds.
+MEASURED_OVER = 1.0
+KEPT_FOR = 10.0
 
 
 @dataclass(frozen=True)
@@ -264,6 +272,55 @@ class _Free:
 _free = _Free()
 
 
+class _Sends:
+    """This process's requests of the last KEPT_FOR seconds, per endpoint: when each was sent
+    and the status its answer began with (None until it comes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent: dict[str, deque[list]] = {}
+
+    def sent(self, endpoint: str, note: list) -> list:
+        note[:] = [time.time(), None]
+        with self._lock:
+            notes = self._sent.setdefault(endpoint, deque())
+            notes.append(note)
+            while notes[0][0] < note[0] - KEPT_FOR:
+                notes.popleft()
+        return note
+
+    def answered(self, note: list, status: int) -> None:
+        with self._lock:
+            note[1] = status
+
+    def accepted(self, endpoint: str, begin: float, end: float) -> int:
+        """Count the requests sent from `begin` until `end` (epoch seconds) and not refused."""
+        with self._lock:
+            return sum(
+                begin <= at < end and status not in (429, 503)
+                for at, status in self._sent.get(endpoint, ())
+            )
+
+
+_sends = _Sends()
+
+
+def sent(endpoint: str, note: list | None = None) -> list:
+    """Note a request to `endpoint` sent now (in `note`, if given); return the note, for
+    `answered`."""
+    return _sends.sent(endpoint, note if note is not None else [None, None])
+
+
+def answered(note: list, status: int) -> None:
+    """Note the status the answer to a request (its note from `sent`) began with."""
+    _sends.answered(note, status)
+
+
+def process_name() -> str:
+    """Name this process among the cluster's (its host and pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def _learned_and_paused(endpoint: str) -> tuple[float | None, datetime | None]:
     """The endpoint's learned rate and pause, from wherever its budget is kept."""
     if in_redis():
@@ -351,19 +408,31 @@ def forget_lapsed() -> int:
     return deleted
 
 
-def refused(endpoint: str, wait: float | None) -> None:
-    """A provider refused a request for its limit: pause the endpoint and lower its rate.
+def refused(endpoint: str, wait: float | None, sent_at: float | None = None) -> None:
+    """A provider refused a request (sent at `sent_at`, epoch seconds) for its limit: pause the
+    endpoint and lower its rate.
 
-    The rate drops once per DROP_EVERY at most: the requests already on their way when the
-    first refusal came are refused too, and they say nothing new.
+    The rate drops once per DROP_EVERY at most, and not for a request sent before the last drop:
+    the requests already on their way when a refusal came are refused too, and they say nothing
+    new. Except after the first refusal of an endpoint without a rate: each refusal of the
+    DROP_EVERY after it reports what its process saw the provider accept (`_measured`), and the
+    rate is set from the reports summed.
     """
     limits = limits_of(endpoint)
     _free.forget(endpoint)
     if in_redis():
+        # The process's report is for the window of the measure under way, or of the one this
+        # refusal may begin; the script keeps it only if that is the measure it holds.
+        at = redis_store.measure_at(endpoint) or sent_at
         redis_store.refused(
             {
                 "endpoint": endpoint,
                 "wait": wait,
+                "sent_at": sent_at,
+                "process": process_name(),
+                "report_at": at,
+                "report": _report(endpoint, at) if at is not None else None,
+                "measured_over": MEASURED_OVER,
                 "requests_per_minute": limits.requests_per_minute,
                 "cluster_rate": None
                 if limits.requests_per_minute
@@ -378,17 +447,48 @@ def refused(endpoint: str, wait: float | None) -> None:
     with transaction.atomic():
         row = _locked(endpoint)
         now = timezone.now()
-        if wait:
+        # A request sent before the last drop was known was refused for what that drop knew.
+        stale = row.limited_at is not None and (sent_at or math.inf) < row.limited_at.timestamp()
+        if wait and not stale:
             row.paused_until = max(row.paused_until or now, now + timedelta(seconds=wait))
-        if row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY:
+        if not stale and (
+            row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY
+        ):
+            rate = _rate(limits, row)
             # With a rate, starts follow it; without, every reservation started at once.
-            sent = _rate(limits, row) or max(_decayed(row, now), _free.cluster_rate(endpoint))
+            sent = rate or max(_decayed(row, now), _free.cluster_rate(endpoint))
             slowdown = SLOWDOWN["configured" if limits.requests_per_minute else "guessed"]
             row.learned_rate = max(LEAST_RATE, sent * slowdown)
             row.limited_at = now
+            measuring = rate is None and sent_at is not None
+            row.accepted_reports = {"at": sent_at, "counts": {}} if measuring else None
+        measured = _measured(row, endpoint) if row.accepted_reports else 0
+        if measured:
+            row.learned_rate = max(LEAST_RATE, HEADROOM * measured)
         row.next_start = max(row.next_start or now, row.paused_until or now)
         row.refusals += 1
         row.save()
+
+
+def _measured(row: ProviderBudget, endpoint: str) -> int:
+    """Report in the row how many of this process's requests sent in the MEASURED_OVER seconds
+    before the refused one the provider did not refuse (as far as it knows by now); return the
+    reports summed: the provider's limit as the cluster measured it."""
+    reports = row.accepted_reports or {}
+    end, counts = reports["at"], dict(reports["counts"])
+    report = _report(endpoint, end)
+    if report is not None:
+        counts[process_name()] = report
+    row.accepted_reports = {"at": end, "counts": counts}
+    return sum(counts.values())
+
+
+def _report(endpoint: str, end: float) -> int | None:
+    """How many of this process's requests sent in the MEASURED_OVER seconds before `end` the
+    provider did not refuse (None: too long ago, its notes of then are forgotten)."""
+    if time.time() - end >= KEPT_FOR / 2:
+        return None
+    return _sends.accepted(endpoint, end - MEASURED_OVER, end)
 
 
 def in_redis() -> bool:

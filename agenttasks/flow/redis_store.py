@@ -88,13 +88,17 @@ return {'start', f(start), rated(), f(start), permit}
 """
 )
 
-# flow.budgets.refused: pause the endpoint, lower its rate (once per drop_every at most).
+# flow.budgets.refused: pause the endpoint, lower its rate (once per drop_every at most, not for
+# a request sent before the last drop); at the first refusal of an endpoint without a rate, the
+# processes' reports of what the provider accepted (measure_counts) set it.
 _REFUSED = (
     _PREAMBLE
     + """
-local wait = given(p.wait)
-if wait and wait > 0 then paused_until = math.max(paused_until or now, now + wait) end
-if not limited_at or now - limited_at >= p.drop_every then
+local wait, sent_at = given(p.wait), given(p.sent_at)
+local stale = limited_at and sent_at and sent_at < limited_at
+if wait and wait > 0 and not stale then paused_until = math.max(paused_until or now, now + wait) end
+local measure_at = at(redis.call('HGET', KEYS[1], 'measure_at'))
+if not stale and (not limited_at or now - limited_at >= p.drop_every) then
     local sent = rate
     if not sent then
         local decayed = recent_at and recent_rate * math.exp(-(now - recent_at)) or 0
@@ -102,6 +106,24 @@ if not limited_at or now - limited_at >= p.drop_every then
     end
     redis.call('HSET', KEYS[1], 'learned_rate', f(math.max(p.least_rate, sent * p.slowdown)),
                'limited_at', f(now))
+    if not rate and sent_at then
+        measure_at = tonumber(f(sent_at))
+        redis.call('HSET', KEYS[1], 'measure_at', f(sent_at), 'measure_counts', '{}')
+    else
+        measure_at = nil
+        redis.call('HDEL', KEYS[1], 'measure_at', 'measure_counts')
+    end
+end
+local report_at = given(p.report_at)
+if measure_at and given(p.report) and report_at and math.abs(report_at - measure_at) < 1e-5 then
+    local counts = cjson.decode(redis.call('HGET', KEYS[1], 'measure_counts') or '{}')
+    counts[p.process] = p.report
+    local sum = 0
+    for _, n in pairs(counts) do sum = sum + n end
+    redis.call('HSET', KEYS[1], 'measure_counts', cjson.encode(counts))
+    if sum > 0 then
+        redis.call('HSET', KEYS[1], 'learned_rate', f(math.max(p.least_rate, p.headroom * sum)))
+    end
 end
 if paused_until then redis.call('HSET', KEYS[1], 'paused_until', f(paused_until)) end
 redis.call('HSET', KEYS[1], 'next_start', f(math.max(next_start or now, paused_until or now)))
@@ -166,6 +188,12 @@ def refused(p: dict) -> None:
     _run(_REFUSED, p)
 
 
+def measure_at(endpoint: str) -> float | None:
+    """When the request was sent whose refusal began the endpoint's measure under way, if any."""
+    value = _client().hget(_keys(endpoint)[0], "measure_at")
+    return float(value) if value else None
+
+
 def release(endpoint: str, permit: int | None, tokens_seconds: float) -> None:
     """Give back a permit, and move the tokens' next free time by `tokens_seconds`."""
     p = {"endpoint": endpoint, "permit": permit, "tokens_seconds": tokens_seconds}
@@ -193,6 +221,12 @@ def state(endpoint: str) -> ProviderBudget | None:
         recent_rate=float(fields.get("recent_rate", 0)),
         refusals=int(fields.get("refusals", 0)),
         parked_lines={line: _instant(at).isoformat() for line, at in lines.items()},
+        accepted_reports={
+            "at": float(fields["measure_at"]),
+            "counts": json.loads(fields.get("measure_counts") or "{}"),
+        }
+        if "measure_at" in fields
+        else None,
     )
 
 

@@ -37,6 +37,14 @@ class ProviderBudget(models.Model):
     recent_at = models.DateTimeField("recent rate at", null=True, blank=True)
     limited_at = models.DateTimeField("last refused at", null=True, blank=True)
     refusals = models.PositiveIntegerField("refusals", default=0)
+    accepted_reports = models.JSONField(
+        "accepted before the first refusal",
+        null=True,  # the reservation's statement makes the row without it
+        blank=True,
+        help_text="At the first refusal of an endpoint without a rate: when the refused request "
+        "was sent, and how many of each process's requests sent in the second before it the "
+        "provider accepted; summed, its limit.",
+    )
 
     class Meta:
         verbose_name = "provider budget"

@@ -86,6 +86,7 @@ class ModelError(Exception):
         # A failure that may pass (a 5xx, a lost connection, a timeout): the task may be tried
         # again by its agent's retry policy.
         self.transient = retryable if transient is None else transient
+        self.sent_at: float | None = None  # when its request was sent (epoch), if it was
 
 
 @dataclass
@@ -244,24 +245,37 @@ class _ModelIO:
         timeout: float,
         on_piece: Callable | None,
         not_after: float | None = None,
+        endpoint: str = "default",
+        note: list | None = None,
     ) -> Future:
         """Start one request; its future holds (response, None) or (None, the joined stream).
 
-        A request that cannot leave by `not_after` (monotonic) is not sent: LateTurn.
+        A request that cannot leave by `not_after` (monotonic) is not sent: LateTurn. An
+        answer's status is noted for `endpoint`'s budget when the answer begins (in `note`, as
+        budgets.sent makes it).
         """
         return asyncio.run_coroutine_threadsafe(
-            self._send(url, headers, body, httpx.Timeout(timeout), on_piece, not_after), self.loop
+            self._send(
+                url, headers, body, httpx.Timeout(timeout), on_piece, not_after, endpoint, note
+            ),
+            self.loop,
         )
 
-    async def _send(self, url, headers, body, timeout, on_piece, not_after):
+    async def _send(self, url, headers, body, timeout, on_piece, not_after, endpoint, note):
         if not_after is not None and time.monotonic() > not_after:
             raise LateTurn()
-        if on_piece is None:
-            return await self.client.post(url, content=body, headers=headers, timeout=timeout), None
         request = self.client.build_request(
             "POST", url, content=body, headers=headers, timeout=timeout
         )
+        note = budgets.sent(endpoint, note)
         response = await self.client.send(request, stream=True)
+        budgets.answered(note, response.status_code)
+        if on_piece is None:
+            try:
+                await response.aread()
+                return response, None
+            finally:
+                await response.aclose()
         try:
             kind = response.headers.get("content-type", "")
             if not 200 <= response.status_code < 300 or "text/event-stream" not in kind:
@@ -444,7 +458,7 @@ class ModelClient:
                     tracing.current().event(
                         "agenttasks.provider.refused", retry_after=exc.retry_after
                     )
-                    self._budget(budgets.refused, turn.endpoint, exc.retry_after)
+                    self._budget(budgets.refused, turn.endpoint, exc.retry_after, exc.sent_at)
                     continue
                 if not exc.retryable or attempt >= self.config.retries:
                     raise
@@ -549,6 +563,7 @@ class ModelClient:
         if whole <= 0:
             raise BudgetExceeded(cut)
         woken = threading.Event()
+        note: list = [None, None]  # when the request was sent, and its answer's status
         future = model_io().send(
             self.config.url,
             # The span's context, by hand: the requests are sent from the process's own loop.
@@ -557,6 +572,8 @@ class ModelClient:
             min(self.config.timeout, whole),
             on_delta,
             not_after,
+            self.config.endpoint,
+            note,
         )
         future.add_done_callback(lambda _: woken.set())
         try:
@@ -584,7 +601,11 @@ class ModelClient:
         if streamed is not None:
             message, usage = streamed.message()
             return from_message(message, usage, streamed.finish_reason)
-        return parse_response(response)
+        try:
+            return parse_response(response)
+        except ModelError as exc:
+            exc.sent_at = note[0]
+            raise
 
     def _timed_out(self, cut: str):
         if cut:  # the deadline came from a wall budget

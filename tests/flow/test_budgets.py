@@ -1,6 +1,7 @@
 """The shared budget of a model endpoint (agenttasks.flow.budgets): spacing, tokens, refusals,
 concurrency, and threads that reserve at once."""
 
+import time
 from datetime import datetime, timedelta
 
 import pytest
@@ -27,6 +28,7 @@ def store(request, monkeypatch):
         pytest.importorskip("redis")
     monkeypatch.setattr(budgets, "_free", budgets._Free())
     monkeypatch.setattr(budgets, "_lines", budgets._Lines())
+    monkeypatch.setattr(budgets, "_sends", budgets._Sends())
     with override_settings(AGENTTASKS={"BUDGET_STORE": request.param}):
         if request.param == "redis":
             redis_store.clear()
@@ -150,6 +152,61 @@ def test_without_a_setting_the_rate_is_learned_from_what_was_sent():
     assert 10 < learned < 20
     made = [budgets.reserve("free", 1, 30) for _ in range(3)]
     assert min(gaps(made)) >= 1 / 20
+
+
+def sent(endpoint, statuses, at):
+    """Note requests to `endpoint` sent from `at` (epoch seconds) a millisecond apart, answered
+    with these statuses; return their notes ([sent at, status])."""
+    notes = []
+    for k, status in enumerate(statuses):
+        note = budgets.sent(endpoint)
+        note[0] = at + k / 1000
+        budgets.answered(note, status)
+        notes.append(note)
+    return notes
+
+
+def moved_back(endpoint, seconds):
+    """Move the endpoint's last drop (`limited_at`) `seconds` into the past."""
+    if budgets.in_redis():
+        key = redis_store._keys(endpoint)[0]
+        was = float(redis_store._client().hget(key, "limited_at"))
+        redis_store._client().hset(key, "limited_at", str(was - seconds))
+    else:
+        row = ProviderBudget.objects.get(pk=endpoint)
+        row.limited_at -= timedelta(seconds=seconds)
+        row.save()
+
+
+def test_the_first_refusal_without_a_rate_measures_what_the_cluster_saw_accepted(monkeypatch):
+    # This process: 30 requests accepted in the second before the refused one, 5 refused.
+    notes = sent("free", [200] * 30 + [429] * 5, time.time() - 0.5)
+    refused_at = notes[30][0]
+    budgets.refused("free", 1.0, refused_at)
+    assert budgets.state("free").learned_rate == pytest.approx(HEADROOM * 30)
+    # Another process: 20 accepted before that refused request (and 7 after it, which do not
+    # count), then a refusal of its own in the same moment: the cluster's limit is 50.
+    monkeypatch.setattr(budgets, "_sends", budgets._Sends())
+    monkeypatch.setattr(budgets, "process_name", lambda: "other-host:1")
+    others = sent("free", [200] * 20, refused_at - 0.9) + sent("free", [200] * 7, refused_at + 0.01)
+    budgets.refused("free", 1.0, others[-1][0] + 0.01)
+    row = budgets.state("free")
+    assert row.learned_rate == pytest.approx(HEADROOM * 50)
+    assert sorted(row.accepted_reports["counts"].values()) == [20, 30]
+
+
+def test_a_refusal_of_a_request_sent_before_the_last_drop_changes_nothing():
+    with limited(requests_per_minute=6000):  # 100 a second
+        budgets.refused("llm", 1.0, time.time())
+        moved_back("llm", 2 * budgets.DROP_EVERY)  # long enough ago for another drop
+        before = budgets.state("llm")
+        budgets.refused("llm", 5.0, before.limited_at.timestamp() - 0.1)
+        after = budgets.state("llm")
+        assert after.learned_rate == pytest.approx(before.learned_rate)
+        assert after.paused_until == before.paused_until
+        assert after.refusals == before.refusals + 1
+        budgets.refused("llm", 1.0, time.time())  # sent since: a new drop
+        assert budgets.state("llm").learned_rate < before.learned_rate
 
 
 def test_the_learned_rate_grows_back_once_refusals_stop():

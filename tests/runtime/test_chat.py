@@ -481,8 +481,10 @@ def test_s29_retries(model, agents, user, recording_queue, replies, status, text
 def test_a_providers_limit_is_waited_out_not_counted_as_a_retry(
     model, agents, user, recording_queue
 ):
-    """Five 429s in a row with MODEL_RETRIES=1: each is the provider's "later", not a failure."""
-    model.set(MODEL_RETRIES=1)
+    """Five 429s in a row with MODEL_RETRIES=1: each is the provider's "later", not a failure.
+    (The run waits its turns in its slot: the rate the refusals teach may put a turn further
+    off than it would wait before parking, and a parked run is another claim's.)"""
+    model.set(MODEL_RETRIES=1, PARK_AFTER=0)
     agents("plain", model="m-plain")
     limit = http(429, "slow down", {"Retry-After": "0"})
     server = model.script(sequence(limit, limit, limit, limit, limit, answer("ok")))
