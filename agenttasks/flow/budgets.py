@@ -432,7 +432,6 @@ def refused(endpoint: str, wait: float | None, sent_at: float | None = None) -> 
                 "process": process_name(),
                 "report_at": at,
                 "report": _report(endpoint, at) if at is not None else None,
-                "measured_over": MEASURED_OVER,
                 "requests_per_minute": limits.requests_per_minute,
                 "cluster_rate": None
                 if limits.requests_per_minute
