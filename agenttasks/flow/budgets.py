@@ -280,14 +280,13 @@ class _Sends:
         self._lock = threading.Lock()
         self._sent: dict[str, deque[list]] = {}
 
-    def sent(self, endpoint: str, note: list) -> list:
+    def sent(self, endpoint: str, note: list) -> None:
         note[:] = [time.time(), None]
         with self._lock:
             notes = self._sent.setdefault(endpoint, deque())
             notes.append(note)
             while notes[0][0] < note[0] - KEPT_FOR:
                 notes.popleft()
-        return note
 
     def answered(self, note: list, status: int) -> None:
         with self._lock:
@@ -305,10 +304,9 @@ class _Sends:
 _sends = _Sends()
 
 
-def sent(endpoint: str, note: list | None = None) -> list:
-    """Note a request to `endpoint` sent now (in `note`, if given); return the note, for
-    `answered`."""
-    return _sends.sent(endpoint, note if note is not None else [None, None])
+def sent(endpoint: str, note: list) -> None:
+    """Note in `note` ([sent at, status], kept for `answered`) a request to `endpoint` sent now."""
+    _sends.sent(endpoint, note)
 
 
 def answered(note: list, status: int) -> None:

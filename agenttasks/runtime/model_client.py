@@ -244,9 +244,9 @@ class _ModelIO:
         body: bytes,
         timeout: float,
         on_piece: Callable | None,
-        not_after: float | None = None,
-        endpoint: str = "default",
-        note: list | None = None,
+        not_after: float | None,
+        endpoint: str,
+        note: list,
     ) -> Future:
         """Start one request; its future holds (response, None) or (None, the joined stream).
 
@@ -267,7 +267,7 @@ class _ModelIO:
         request = self.client.build_request(
             "POST", url, content=body, headers=headers, timeout=timeout
         )
-        note = budgets.sent(endpoint, note)
+        budgets.sent(endpoint, note)
         response = await self.client.send(request, stream=True)
         budgets.answered(note, response.status_code)
         if on_piece is None:

@@ -159,7 +159,8 @@ def sent(endpoint, statuses, at):
     with these statuses; return their notes ([sent at, status])."""
     notes = []
     for k, status in enumerate(statuses):
-        note = budgets.sent(endpoint)
+        note: list = [None, None]
+        budgets.sent(endpoint, note)
         note[0] = at + k / 1000
         budgets.answered(note, status)
         notes.append(note)
