@@ -1,11 +1,12 @@
 """The django-q2 internals agenttasks depends on, each with the failure its patch prevents.
 
-Three of django-q2's failures strike a worker process that holds many runs in flight, so they are
+Four of django-q2's failures strike a worker process that holds many runs in flight, so they are
 patched here, and nowhere else does agenttasks touch django-q2's internals. docs/operating.md
 ("django-q2's failures, and what agenttasks does about them") writes each one up as a report to
 upstream would:
 
-- a worker killed while it waits for a job keeps the task queue's lock: `guard_task_queue`;
+- a worker killed while it waits for a job keeps the task queue's lock, and one killed while it
+  reads a job leaves the queue's next reader half a job: `guard_task_queue`;
 - a worker killed while it holds its timer's lock stops the guard for good: `guard_worker_timers`;
 - a SIGTERM to the whole process group hangs the cluster's stop: `bound_cluster_stop`.
 
@@ -21,6 +22,7 @@ import glob
 import logging
 import multiprocessing
 import os
+import struct
 import tempfile
 import threading
 from collections.abc import Callable
@@ -38,7 +40,9 @@ ORPHAN_CHECK = 1.0  # seconds between a waiting worker's looks at whether its se
 LOCK_PATIENCE = 5.0  # seconds a worker's timer lock is waited for before going on without it
 STOP_MARGIN = 15  # seconds a cluster's stop may take beyond SHUTDOWN_GRACE before it is ended
 STOP_ACK_WAIT = 2.0  # seconds a live sentinel needs to take the stop event
-QUEUE_INTERNALS = ("_reader", "_recv_bytes", "_sem")
+READ_PATIENCE = 5.0  # seconds the rest of a job whose start was read may take to arrive
+QUEUE_INTERNALS = ("_reader", "_sem")
+PICKLE_START = b"\x80"  # the PROTO opcode every pickle of protocol 2 or later begins with
 LOCK_FILES = "agenttasks-queue-{sentinel}.lock"
 
 
@@ -83,6 +87,10 @@ def guard_task_queue() -> None:
     data holding nothing, and reads a job that has arrived under a POSIX record lock on a file its
     sibling workers share, which the kernel releases when its holder dies. A worker whose sentinel
     died stops (ORPHAN_CHECK) instead of waiting for good.
+
+    A job is a length and then its pickle, read in two reads: a worker killed between them leaves
+    the next reader a pickle where it expects a length. That reader discards what the queue holds
+    and waits for the next job (`realign`); the broker and the reaper bring the lost jobs back.
     """
     process = multiprocessing.current_process()
     task_queue: Any = (getattr(process, "_args", None) or (None,))[0]
@@ -113,13 +121,62 @@ def guarded_get(task_queue: Any, sentinel: int) -> Callable[..., Any]:
             try:
                 if not task_queue._reader.poll(0):
                     continue  # another worker took it
-                data = task_queue._recv_bytes()
+                # The slot goes back before the read: a worker killed in between then leaves the
+                # bounded queue one job too many, not one slot short for good.
+                give_back_slots(task_queue, 1)
+                data = read_job(task_queue._reader)
+                if data is None:
+                    realign(task_queue)
+                    continue
             finally:
                 fcntl.lockf(lock, fcntl.LOCK_UN)
-            task_queue._sem.release()
             return loads(data)
 
     return get
+
+
+def read_job(reader: Any) -> bytes | None:
+    """Read one job's pickle from the queue's pipe, or None if the pipe does not start with one."""
+    header = _read_exactly(reader, 4)
+    if header is None or struct.unpack("!i", header)[0] <= 0:
+        return None  # a pickle's first bytes read as a length are negative (PICKLE_START)
+    data = _read_exactly(reader, struct.unpack("!i", header)[0])
+    return data if data is not None and data.startswith(PICKLE_START) else None
+
+
+def _read_exactly(reader: Any, size: int) -> bytes | None:
+    chunks, remaining = [], size
+    while remaining:
+        if not reader.poll(READ_PATIENCE):
+            return None
+        chunk = os.read(reader.fileno(), remaining)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def realign(task_queue: Any) -> None:
+    """Discard what the queue's pipe holds, so that the next job read starts at its length."""
+    discarded = 0
+    while task_queue._reader.poll(0.1):  # a job being written when the reader looked comes whole
+        discarded += len(os.read(task_queue._reader.fileno(), 65536))
+    # The queue counted each discarded job against its bound: all of them go back.
+    give_back_slots(task_queue, None)
+    logger.warning(
+        "queue.realigned discarded=%d bytes: a reader died in the middle of a job", discarded
+    )
+
+
+def give_back_slots(task_queue: Any, count: int | None) -> None:
+    """Release `count` of the bounded queue's slots (None: all it holds), never beyond its bound."""
+    while count is None or count > 0:
+        try:
+            task_queue._sem.release()
+        except ValueError:
+            return  # the bound: a reader killed after the release and before its read
+        count = None if count is None else count - 1
 
 
 def remove_stale_lock_files() -> None:

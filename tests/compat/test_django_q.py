@@ -9,6 +9,7 @@ import queue as stdlib_queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -75,6 +76,36 @@ def test_with_the_guard_the_next_reader_gets_the_job():
     _killed_while_waiting(jobs, guarded)
     jobs.put("a job")
     assert guarded() == "a job"
+
+
+def _take_a_length(jobs: Queue) -> None:
+    """Read a job's length from `jobs` and no more: what a reader killed mid-read leaves."""
+    wait_for(lambda: jobs._reader.poll(0), message="the job in the pipe")
+    assert len(os.read(jobs._reader.fileno(), 4)) == 4
+
+
+def test_as_shipped_a_reader_killed_between_a_jobs_length_and_its_pickle_breaks_the_next():
+    jobs = Queue()
+    jobs.put("a job cut short")
+    _take_a_length(jobs)
+    jobs.put("the next job")
+    with pytest.raises(EOFError):  # its pickle's first bytes, read as a length, are negative
+        jobs.get(timeout=2)
+
+
+def test_with_the_guard_the_next_reader_discards_what_is_left_and_gets_the_next_job(caplog):
+    jobs = Queue(maxsize=1)
+    guarded = django_q.guarded_get(jobs, os.getppid())  # read in a thread: our parent is its own
+    jobs.put("a job cut short")
+    _take_a_length(jobs)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(guarded()), daemon=True)
+    reader.start()
+    wait_for(lambda: "queue.realigned" in caplog.text, timeout=10, message="the rest discarded")
+    # The bound's one slot, which the job cut short held, came back with the discard.
+    jobs.put("the next job", timeout=5)
+    reader.join(10)
+    assert got == ["the next job"]
 
 
 @pytest.mark.django_db(transaction=True)
