@@ -52,6 +52,7 @@ class RunFactory(factory.django.DjangoModelFactory):
         model = Run
 
     conversation = factory.SubFactory(ConversationFactory)
+    owner = factory.SelfAttribute("conversation.owner")
     agent = "default"
     trigger = "message"
     status = RunStatus.QUEUED

@@ -1,5 +1,6 @@
 from datetime import datetime
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -61,6 +62,21 @@ class Run(models.Model):
         related_name="runs",
         verbose_name="task",
     )
+    # The conversation's owner and the task's priority, copied onto the run so that a claim
+    # walks an index owner by owner instead of reading every queued run (docs/architecture.md,
+    # "Fair claims read a few runs of each owner, not the queue").
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,  # deleted with its conversation
+        db_constraint=False,
+        db_index=False,  # agenttasks_run_turn_idx leads with it
+        related_name="+",
+        editable=False,
+        verbose_name="owner",
+    )
+    priority = models.IntegerField("priority", default=0, db_default=0, editable=False)
     agent = models.CharField("agent", max_length=64)
     trigger = models.CharField("trigger", max_length=16, choices=RunTrigger.choices)
     input = models.TextField("input", blank=True)
@@ -162,6 +178,18 @@ class Run(models.Model):
             models.Index(fields=["status", "queued_at"], name="agenttasks_run_queue_idx"),
             # Busy checks and wake guards: the active runs of one conversation.
             models.Index(fields=["conversation", "status"], name="agenttasks_run_conv_idx"),
+            # The claims: each owner's queued runs in turn order, and the wake-ups, which go
+            # first.
+            models.Index(
+                fields=["owner", "-priority", "queued_at", "id"],
+                name="agenttasks_run_turn_idx",
+                condition=models.Q(status="queued"),
+            ),
+            models.Index(
+                fields=["queued_at", "id"],
+                name="agenttasks_run_wakeup_idx",
+                condition=models.Q(status="queued", trigger="wakeup"),
+            ),
             # The claimers: when the next delayed start comes.
             models.Index(
                 fields=["not_before"],

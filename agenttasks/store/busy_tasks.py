@@ -246,6 +246,8 @@ def _waiting_run(task: Task, content: str, message: dict[str, Any], now: datetim
     return Run.objects.create(
         conversation_id=task.conversation_id,
         task_id=task.id,
+        owner_id=task.owner_id,
+        priority=task.priority,
         agent=task.agent,
         trigger=RunTrigger.MESSAGE if message["origin"] == "message" else RunTrigger.COMMENT,
         input=content,

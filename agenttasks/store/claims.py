@@ -12,7 +12,6 @@ from datetime import datetime
 
 from django.db import transaction
 from django.db.models import Count, F, Min
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..conf import app_settings
@@ -92,25 +91,25 @@ def claim_many(
 
 
 def fair_order(now: datetime, exclude: set[str]) -> list[tuple[str, str, int | None, bool]]:
-    """Order the due queued runs as claims take them (agenttasks_claim_runs_v6 on PostgreSQL):
+    """Order the due queued runs as claims take them (agenttasks_claim_runs_v7 on PostgreSQL):
     (run id, agent, owner id, whether it is a task's run).
 
     Wake-up runs first (they finish what has begun); then owner by owner: every owner's best
-    run, then every owner's second, and so on, where an owner's runs go by task priority, then
-    age; runs of the same rank go by priority, then age.
+    run, then every owner's second, and so on, where an owner's runs go by priority, then age;
+    runs of the same rank go by priority, then age. A run carries its owner and priority.
     """
     rows = (
         Run.objects.due(now)
         .exclude(pk__in=exclude)
-        .annotate(priority=Coalesce("task__priority", 0), owner=F("conversation__owner_id"))
         .order_by("-priority", "queued_at", "id")
-        .values_list("pk", "trigger", "priority", "owner", "queued_at", "task_id", "agent")
+        .values_list("pk", "trigger", "priority", "owner_id", "queued_at", "task_id", "agent")
     )
-    shares: Counter[int | None] = Counter()
+    shares: Counter[tuple[bool, int | None]] = Counter()
     keyed = []
     for run_id, trigger, priority, owner, queued_at, task_id, agent in rows:
-        shares[owner] += 1
-        rank = (trigger != RunTrigger.WAKEUP, shares[owner], -priority, queued_at)
+        wakeup = trigger == RunTrigger.WAKEUP
+        shares[wakeup, owner] += 1
+        rank = (not wakeup, shares[wakeup, owner], -priority, queued_at, run_id)
         keyed.append((rank, (run_id, agent, owner, task_id is not None)))
     return [run for _, run in sorted(keyed, key=lambda pair: pair[0])]
 
@@ -119,7 +118,7 @@ def _running_by_owner() -> Counter[int | None]:
     """Count the running runs of tasks by their conversation's owner."""
     rows = (
         Run.objects.filter(status=RunStatus.RUNNING, task__isnull=False)
-        .values_list("conversation__owner_id")
+        .values_list("owner_id")
         .annotate(n=Count("pk"))
     )
     return Counter(dict(rows))
@@ -186,10 +185,12 @@ def _start(log: Log, run: Run, worker: str, now: datetime, trigger: str, task_id
 
 
 def set_priority(task_id: str, priority: int) -> bool:
-    """Set a task's priority (the claims read it when they order the queued runs); False when
-    there is no such task."""
+    """Set a task's priority, and its unfinished runs' (the claims order the queued runs by the
+    run's copy); False when there is no such task."""
     now = timezone.now()
-    updated = Task.objects.filter(pk=task_id).update(
-        priority=priority, updated_at=now, version=F("version") + 1
-    )
+    with transaction.atomic():
+        updated = Task.objects.filter(pk=task_id).update(
+            priority=priority, updated_at=now, version=F("version") + 1
+        )
+        Run.objects.unfinished().filter(task_id=task_id).update(priority=priority)
     return updated == 1

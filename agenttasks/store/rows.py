@@ -78,6 +78,8 @@ def new_run(
         id=run_id,
         conversation_id=task.conversation_id,
         task_id=task.id,
+        owner_id=task.owner_id,
+        priority=task.priority,
         agent=task.agent,
         trigger=trigger,
         input=input,

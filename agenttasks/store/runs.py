@@ -158,6 +158,7 @@ def start_conversation_run(
         run = Run.objects.create(
             id=run_id or ids.new_run_id(),
             conversation=conversation,
+            owner_id=conversation.owner_id,
             agent=conversation.agent,
             trigger=RunTrigger.MESSAGE,
             input=content,
@@ -361,6 +362,7 @@ def wake_conversation(conversation: Conversation, text: str, task_ids: list[str]
     log.hold(conversation)
     run = Run.objects.create(
         conversation=conversation,
+        owner_id=conversation.owner_id,
         agent=conversation.agent,
         trigger=RunTrigger.WAKEUP,
         input=text,

@@ -75,6 +75,8 @@ def leave_untaken(log: Log, run: Run, now: datetime) -> None:
         Run.objects.create(
             conversation_id=run.conversation_id,
             task_id=run.task_id,  # a task's waits to re-open it (store/busy_tasks.py)
+            owner_id=run.owner_id,
+            priority=run.priority,
             agent=run.agent,
             trigger=RunTrigger.MESSAGE,
             input=data.get("content", ""),

@@ -182,6 +182,8 @@ def _new_rows(new: NewTask, now: datetime) -> tuple[Conversation, Run, Task]:
         id=new.run_id or ids.new_run_id(),
         conversation=conversation,
         task_id=task_id,
+        owner=new.owner,
+        priority=new.priority,
         agent=new.agent,
         trigger=RunTrigger.INITIAL,
         input=new.input,

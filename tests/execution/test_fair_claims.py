@@ -1,5 +1,5 @@
 """What the claims take first: due runs only, wake-ups, owners in turn, priorities (both
-databases: agenttasks_claim_runs_v6 on PostgreSQL, store.claims.fair_order elsewhere)."""
+databases: agenttasks_claim_runs_v7 on PostgreSQL, store.claims.fair_order elsewhere)."""
 
 from collections import Counter
 from datetime import timedelta
@@ -163,3 +163,29 @@ def test_an_agent_whose_line_is_full_is_left_queued_while_others_go_on(user):
     )
     assert store.claim_many("host:1", 10, agent_room={"echo": 0}).runs == []
     assert claimed(10) == [chatty[1].run_id, chatty[2].run_id]  # room again: in their order
+
+
+def test_an_owners_runs_behind_a_full_line_are_still_found(user):
+    """More of the owner's runs than a claim looks at first are of an agent without room: the
+    claim looks further, to the run of another agent behind them."""
+    full = create(user, 12)
+    (behind,) = [store.create_task(NewTask(owner=user, agent="worker", input="behind"))]
+    assert claimed(10, agent_room={"echo": 0}) == [behind.run_id]
+    assert claimed(1) == [full[0].run_id]
+
+
+@override_settings(AGENTTASKS={"MAX_RUNNING_PER_USER": 1})
+def test_an_owners_message_behind_many_held_back_tasks_still_goes(user):
+    first, *held = create(user, 12)
+    assert claimed(10) == [first.run_id]
+    message = RunFactory(conversation=ConversationFactory(owner=user))
+    assert claimed(10) == [message.id]
+    assert Run.objects.filter(pk__in=[t.run_id for t in held], status="queued").count() == 11
+
+
+def test_a_run_carries_its_owner_and_its_tasks_priority(user):
+    (task,) = create(user, priority=7)
+    run = Run.objects.get(pk=task.run_id)
+    assert (run.owner_id, run.priority) == (user.pk, 7)
+    lifecycle.set_priority(task.id, -3)
+    assert Run.objects.get(pk=task.run_id).priority == -3
