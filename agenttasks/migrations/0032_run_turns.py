@@ -4,8 +4,9 @@ indexed in turn order (owner, priority, age), the wake-ups apart: a claim
 walks the owners and takes a few runs of each instead of ranking every queued run.
 
 The priority column is added by statement, with its default in the database, since SQLite would
-rebuild the run table to add a column Django declares NOT NULL. The runs still to start get their
-owner and priority from their conversation and task. `agenttasks_claim_runs_v6` stays installed
+rebuild the run table to add a column Django declares NOT NULL. The unfinished runs get their
+owner and priority from their conversation and task (the running ones count against
+MAX_RUNNING_PER_USER by their owner). `agenttasks_claim_runs_v6` stays installed
 for the code of earlier versions."""
 
 import django.db.models.deletion
@@ -22,7 +23,7 @@ UPDATE agenttasks_run SET
                  WHERE c.id = agenttasks_run.conversation_id),
     priority = coalesce((SELECT t.priority FROM agenttasks_task t
                           WHERE t.id = agenttasks_run.task_id), 0)
- WHERE status IN ('queued', 'waiting')
+ WHERE status IN ('queued', 'running', 'paused', 'waiting')
 """
 DROP_V7 = (
     "DROP FUNCTION IF EXISTS "
