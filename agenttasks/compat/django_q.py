@@ -123,7 +123,7 @@ def guarded_get(task_queue: Any, sentinel: int) -> Callable[..., Any]:
                     continue  # another worker took it
                 # The slot goes back before the read: a worker killed in between then leaves the
                 # bounded queue one job too many, not one slot short for good.
-                give_back_slots(task_queue, 1)
+                give_back_slot(task_queue)
                 data = read_job(task_queue._reader)
                 if data is None:
                     realign(task_queue)
@@ -138,9 +138,10 @@ def guarded_get(task_queue: Any, sentinel: int) -> Callable[..., Any]:
 def read_job(reader: Any) -> bytes | None:
     """Read one job's pickle from the queue's pipe, or None if the pipe does not start with one."""
     header = _read_exactly(reader, 4)
-    if header is None or struct.unpack("!i", header)[0] <= 0:
+    size = struct.unpack("!i", header)[0] if header is not None else 0
+    if size <= 0:
         return None  # a pickle's first bytes read as a length are negative (PICKLE_START)
-    data = _read_exactly(reader, struct.unpack("!i", header)[0])
+    data = _read_exactly(reader, size)
     return data if data is not None and data.startswith(PICKLE_START) else None
 
 
@@ -163,20 +164,21 @@ def realign(task_queue: Any) -> None:
     while task_queue._reader.poll(0.1):  # a job being written when the reader looked comes whole
         discarded += len(os.read(task_queue._reader.fileno(), 65536))
     # The queue counted each discarded job against its bound: all of them go back.
-    give_back_slots(task_queue, None)
+    while give_back_slot(task_queue):
+        pass
     logger.warning(
         "queue.realigned discarded=%d bytes: a reader died in the middle of a job", discarded
     )
 
 
-def give_back_slots(task_queue: Any, count: int | None) -> None:
-    """Release `count` of the bounded queue's slots (None: all it holds), never beyond its bound."""
-    while count is None or count > 0:
-        try:
-            task_queue._sem.release()
-        except ValueError:
-            return  # the bound: a reader killed after the release and before its read
-        count = None if count is None else count - 1
+def give_back_slot(task_queue: Any) -> bool:
+    """Release one of the bounded queue's slots; False when all were free already (a reader
+    killed after its release and before its read leaves one over)."""
+    try:
+        task_queue._sem.release()
+    except ValueError:
+        return False
+    return True
 
 
 def remove_stale_lock_files() -> None:
