@@ -91,7 +91,7 @@ def claim_many(
 
 
 def fair_order(now: datetime, exclude: set[str]) -> list[tuple[str, str, int | None, bool]]:
-    """Order the due queued runs as claims take them (agenttasks_claim_runs_v7 on PostgreSQL):
+    """Order the due queued runs as claims take them (agenttasks_claim_runs_v8 on PostgreSQL):
     (run id, agent, owner id, whether it is a task's run).
 
     Wake-up runs first (they finish what has begun); then owner by owner: every owner's best

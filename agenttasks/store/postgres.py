@@ -1,7 +1,7 @@
 """The hot transitions on PostgreSQL, each one statement: create, claim and end.
 
 Each calls a versioned SQL function of `agenttasks/sql/` (`agenttasks_create_task_v4`,
-`agenttasks_claim_v2`, `agenttasks_claim_runs_v7`, `agenttasks_end_v2`), as procrastinate does
+`agenttasks_claim_v2`, `agenttasks_claim_runs_v8`, `agenttasks_end_v2`), as procrastinate does
 for its jobs. The function takes the same row locks in the same order as the ORM path
 (`store.locking`), re-checks the same run-bound predicate on the locked rows, writes, and appends
 the events; the rows come back as JSON, so nothing is read again. The ORM path (SQLite) keeps the
@@ -189,7 +189,7 @@ def claim_many(
     agent; one statement."""
     answer = _answer(
         _call(
-            "agenttasks_claim_runs_v7",
+            "agenttasks_claim_runs_v8",
             worker,
             limit,
             now.isoformat(),

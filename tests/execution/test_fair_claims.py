@@ -1,5 +1,5 @@
 """What the claims take first: due runs only, wake-ups, owners in turn, priorities (both
-databases: agenttasks_claim_runs_v7 on PostgreSQL, store.claims.fair_order elsewhere)."""
+databases: agenttasks_claim_runs_v8 on PostgreSQL, store.claims.fair_order elsewhere)."""
 
 from collections import Counter
 from datetime import timedelta

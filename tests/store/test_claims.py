@@ -1,7 +1,7 @@
 """The store's claims (store/claims.py): a win, a second delivery, housekeeping, unknown runs."""
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -75,3 +75,30 @@ class TestClaim:
         # PostgreSQL: one call of agenttasks_claim_v2. The ORM: lock task+conversation+run,
         # UPDATE run, UPDATE task, INSERT events.
         assert len(statements(captured)) == (1 if on_postgres() else 4), statements(captured)
+
+
+@pytest.mark.skipif("not on_postgres()")
+@pytest.mark.django_db(transaction=True)
+def test_a_claims_plans_made_on_small_tables_read_no_whole_table(user):
+    # A worker's connection keeps the claim's plans (generic plans, made once): those made while
+    # the tables were small must still go by the indexes once they are large.
+    def created(n):
+        return [store.create_task(NewTask(owner=user, agent="worker", input="x")) for _ in range(n)]
+
+    def claimed(tasks):
+        claim = store.claim_many("w1", len(tasks), first=[t.run_id for t in tasks])
+        assert len(claim.runs) == len(tasks)
+
+    claimed(created(2))  # the plans are made on tables of a few rows
+    claimed(created(300))
+    tasks = created(3)
+    with transaction.atomic(), connection.cursor() as cursor:
+        read = (
+            "SELECT coalesce(sum(seq_scan), 0) FROM pg_stat_xact_user_tables"
+            " WHERE relname IN ('agenttasks_run', 'agenttasks_task', 'agenttasks_conversation')"
+        )
+        cursor.execute(read)
+        before = cursor.fetchone()[0]
+        claimed(tasks)
+        cursor.execute(read)
+        assert cursor.fetchone()[0] == before

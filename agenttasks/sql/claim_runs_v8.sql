@@ -17,11 +17,15 @@
 -- claim with 1,000 runs queued. A wake-up's share is counted among the wake-ups only. And it
 -- runs on generic plans (plan_cache_mode, for the claims it calls too): on array parameters
 -- PostgreSQL kept planning each statement of a claim anew on every call, about 2 ms a claim.
-CREATE FUNCTION agenttasks_claim_runs_v7(
+-- Version 8 runs with enable_seqscan off (for the claims it calls too). A connection makes a
+-- claim's generic plans once, and those made while the tables were small read them whole (the
+-- runs not yet started, with no index to go by: a scan of the run table at every claim, for
+-- the connection's life); every statement of a claim has an index to go by.
+CREATE FUNCTION agenttasks_claim_runs_v8(
     p_worker text, p_limit integer, p_now timestamptz, p_first text[], p_per_owner integer,
     p_agent_room jsonb
 ) RETURNS jsonb
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 DECLARE
     v_claimed jsonb := '[]';
     v_round jsonb;
