@@ -12,6 +12,7 @@ ids only. Tests swap the backend for a `RecordingQueue` to drive endings by hand
 import functools
 import hashlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -363,11 +364,11 @@ def _broker() -> Broker:
 @functools.cache
 def uses_redis() -> bool:
     """Say whether django-q2's broker is its Redis broker."""
-    try:
-        from django_q.brokers.redis_broker import Redis
-    except ImportError:  # the redis package is not installed
-        return False
-    return isinstance(broker(), Redis)
+    current = broker()
+    # Imported with the broker's class when it is Redis's; importing it to ask would load the
+    # redis package (about 7 MiB) into every process of a cluster on another broker.
+    redis_broker = sys.modules.get("django_q.brokers.redis_broker")
+    return redis_broker is not None and isinstance(current, redis_broker.Redis)
 
 
 def disarm_schedule(q_id: int | None) -> None:

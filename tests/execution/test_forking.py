@@ -2,6 +2,8 @@
 
 import gc
 import os
+import subprocess
+import sys
 
 import pytest
 from django.db import connection
@@ -62,6 +64,24 @@ def test_a_forked_child_has_the_parents_objects_frozen_and_the_parent_collects_a
     # The child's collections leave the parent's objects, and so their memory pages, alone.
     assert in_child > before
     assert gc.get_freeze_count() == before
+
+
+def test_a_process_on_another_broker_never_loads_redis():
+    # Asked in each process of a cluster (the budgets' store), the question must not load the
+    # redis package: about 7 MiB more in every process, shared by none.
+    asked = (
+        "import sys, django; django.setup()\n"
+        "from agenttasks.broker import queue; from agenttasks.flow import budgets\n"
+        "print(queue.uses_redis(), budgets.in_redis(), 'redis' in sys.modules)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    answer = subprocess.run(
+        [sys.executable, "-c", asked], env=env, capture_output=True, text=True, check=True
+    )
+    uses_redis, budgets_in_redis, loaded = answer.stdout.split()
+    if uses_redis == "True":
+        pytest.skip("the tests run on django-q2's Redis broker")
+    assert (budgets_in_redis, loaded) == ("False", "False")
 
 
 def test_the_guard_is_installed_when_the_app_is_ready():
