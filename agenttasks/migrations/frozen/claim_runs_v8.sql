@@ -1,4 +1,4 @@
--- Claims, version 7 of the claim of several runs (docs/architecture.md#in-flight-runs): a run
+-- Claims, version 8 of the claim of several runs (docs/architecture.md#in-flight-runs): a run
 -- whose not_before has not come is left queued, and the queued runs are taken fairly: wake-up
 -- runs of parents first (they finish what has begun), then owner by owner (each owner's best
 -- run, then each owner's second, ...), a higher priority first within an owner's share and
