@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
@@ -85,6 +85,7 @@ class Reservation:
     permit: int | None = None
     busy: bool = False
     later: bool = False  # beyond the horizon: nothing reserved; `start` is its place in line
+    reserved_at: float = field(default_factory=time.time)  # epoch seconds
 
 
 def limits_of(endpoint: str) -> Limits:
@@ -406,13 +407,19 @@ def forget_lapsed() -> int:
     return deleted
 
 
-def refused(endpoint: str, wait: float | None, sent_at: float | None = None) -> None:
-    """A provider refused a request (sent at `sent_at`, epoch seconds) for its limit: pause the
-    endpoint and lower its rate.
+def refused(
+    endpoint: str,
+    wait: float | None,
+    sent_at: float | None = None,
+    reserved_at: float | None = None,
+) -> None:
+    """A provider refused a request (sent at `sent_at`, its turn reserved at `reserved_at`,
+    epoch seconds) for its limit: pause the endpoint and lower its rate.
 
-    The rate drops once per DROP_EVERY at most, and not for a request sent before the last drop:
-    the requests already on their way when a refusal came are refused too, and they say nothing
-    new. Except after the first refusal of an endpoint without a rate: each refusal of the
+    The rate drops once per DROP_EVERY at most, and not for a request whose turn was reserved
+    before the last drop: the turns given at the old rate are still sent (the line runs up to
+    PARK_AFTER ahead) and refused too, and they say nothing new; nor does a request sent before
+    the last drop extend the pause. Except after the first refusal of an endpoint without a rate: each refusal of the
     DROP_EVERY after it reports what its process saw the provider accept (`_measured`), and the
     rate is set from the reports summed.
     """
@@ -427,6 +434,7 @@ def refused(endpoint: str, wait: float | None, sent_at: float | None = None) -> 
                 "endpoint": endpoint,
                 "wait": wait,
                 "sent_at": sent_at,
+                "reserved_at": reserved_at,
                 "process": process_name(),
                 "report_at": at,
                 "report": _report(endpoint, at) if at is not None else None,
@@ -444,11 +452,13 @@ def refused(endpoint: str, wait: float | None, sent_at: float | None = None) -> 
     with transaction.atomic():
         row = _locked(endpoint)
         now = timezone.now()
-        # A request sent before the last drop was known was refused for what that drop knew.
-        stale = row.limited_at is not None and (sent_at or math.inf) < row.limited_at.timestamp()
+        # A request sent, or its turn given, before the last drop was refused for what that
+        # drop knew.
+        dropped_at = row.limited_at.timestamp() if row.limited_at is not None else -math.inf
+        stale = (sent_at or math.inf) < dropped_at
         if wait and not stale:
             row.paused_until = max(row.paused_until or now, now + timedelta(seconds=wait))
-        if not stale and (
+        if (reserved_at or sent_at or math.inf) >= dropped_at and (
             row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY
         ):
             rate = _rate(limits, row)

@@ -264,10 +264,21 @@ class _ModelIO:
     async def _send(self, url, headers, body, timeout, on_piece, not_after, endpoint, note):
         if not_after is not None and time.monotonic() > not_after:
             raise LateTurn()
+
+        async def on_trace(event: str, info: dict) -> None:
+            # Noted as its headers go out, not before its wait for a connection: the first
+            # refusal's measure counts the requests the provider saw in the second before it.
+            if note[0] is None and event.endswith("send_request_headers.started"):
+                budgets.sent(endpoint, note)
+
         request = self.client.build_request(
-            "POST", url, content=body, headers=headers, timeout=timeout
+            "POST",
+            url,
+            content=body,
+            headers=headers,
+            timeout=timeout,
+            extensions={"trace": on_trace},
         )
-        budgets.sent(endpoint, note)
         response = await self.client.send(request, stream=True)
         budgets.answered(note, response.status_code)
         if on_piece is None:
@@ -458,7 +469,13 @@ class ModelClient:
                     tracing.current().event(
                         "agenttasks.provider.refused", retry_after=exc.retry_after
                     )
-                    self._budget(budgets.refused, turn.endpoint, exc.retry_after, exc.sent_at)
+                    self._budget(
+                        budgets.refused,
+                        turn.endpoint,
+                        exc.retry_after,
+                        exc.sent_at,
+                        turn.reserved_at,
+                    )
                     continue
                 if not exc.retryable or attempt >= self.config.retries:
                     raise

@@ -878,3 +878,21 @@ def test_a_message_steered_to_a_running_chat_run_is_read_at_its_next_turn(
         ("user", "and cats"),
         ("assistant", "About dogs, and cats."),
     ]
+
+
+def test_a_request_is_noted_as_sent_when_it_leaves_not_while_it_waits_for_a_connection(model):
+    # The first refusal's measure counts the requests sent in the second before it: one that
+    # waited for a connection was not yet seen by the provider.
+    released: list[float] = []
+    server = model.script(lambda r: hold(lambda r: bool(released), deadline=10))
+    io = model_client._ModelIO(max_connections=1)
+    url = server.url + "/chat/completions"
+    notes: list[list] = [[None, None], [None, None]]
+    body = json.dumps({"model": "m", "messages": []}).encode()
+    first, second = (io.send(url, {}, body, 10, None, None, "noted", note) for note in notes)
+    wait_for(lambda: len(server.requests) == 1, 5)  # the second waits for the one connection
+    released.append(time.time())
+    assert first.result(10)[0].status_code == 200
+    assert second.result(10)[0].status_code == 200
+    assert notes[0][0] < released[0] <= notes[1][0]
+    assert notes[0][1] == notes[1][1] == 200
