@@ -45,9 +45,10 @@ LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "concurrent")
 # process, a slow statement) bunches with the next ones, and the provider counts arrivals.
 HEADROOM = 0.9
 # A refusal sets the learned rate to this share of the rate the cluster sent: a little below a
-# configured rate (the setting is trusted, the refusal may be a moment's bunching), well below
-# a rate the cluster only guessed.
-SLOWDOWN = {"configured": 0.95, "guessed": 0.7}
+# configured rate (the setting is trusted, the refusal may be a moment's bunching) or a learned
+# one (measured, or lowered before: the refusal says it grew a little past the limit), well below
+# what the cluster sent without a rate, which it only guessed.
+SLOWDOWN = {"configured": 0.95, "learned": 0.9, "guessed": 0.7}
 GROWTH = 0.1  # the learned rate grows back by this share a second while nothing is refused
 QUIET = 5.0  # seconds after a refusal before the learned rate grows again
 DROP_EVERY = 1.0  # seconds: the learned rate drops once in this time at most
@@ -442,7 +443,8 @@ def refused(
                 "cluster_rate": None
                 if limits.requests_per_minute
                 else _free.cluster_rate(endpoint),
-                "slowdown": SLOWDOWN["configured" if limits.requests_per_minute else "guessed"],
+                "slowdown": SLOWDOWN["configured" if limits.requests_per_minute else "learned"],
+                "guessed_slowdown": SLOWDOWN["guessed"],
                 "headroom": HEADROOM,
                 "drop_every": DROP_EVERY,
                 "least_rate": LEAST_RATE,
@@ -464,7 +466,8 @@ def refused(
             rate = _rate(limits, row)
             # With a rate, starts follow it; without, every reservation started at once.
             sent = rate or max(_decayed(row, now), _free.cluster_rate(endpoint))
-            slowdown = SLOWDOWN["configured" if limits.requests_per_minute else "guessed"]
+            kind = "configured" if limits.requests_per_minute else "learned" if rate else "guessed"
+            slowdown = SLOWDOWN[kind]
             row.learned_rate = max(LEAST_RATE, sent * slowdown)
             row.limited_at = now
             measuring = rate is None and sent_at is not None

@@ -102,12 +102,13 @@ local measure_at = at(redis.call('HGET', KEYS[1], 'measure_at'))
 local given_at = given(p.reserved_at) or sent_at
 local old = limited_at and given_at and given_at < limited_at
 if not old and (not limited_at or now - limited_at >= p.drop_every) then
-    local sent = rate
+    local sent, slowdown = rate, p.slowdown
     if not sent then
+        slowdown = p.guessed_slowdown
         local decayed = recent_at and recent_rate * math.exp(-(now - recent_at)) or 0
         sent = math.max(decayed, given(p.cluster_rate) or 0)
     end
-    redis.call('HSET', KEYS[1], 'learned_rate', f(math.max(p.least_rate, sent * p.slowdown)),
+    redis.call('HSET', KEYS[1], 'learned_rate', f(math.max(p.least_rate, sent * slowdown)),
                'limited_at', f(now))
     if not rate and sent_at then
         measure_at = tonumber(f(sent_at))

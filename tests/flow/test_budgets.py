@@ -154,6 +154,18 @@ def test_without_a_setting_the_rate_is_learned_from_what_was_sent():
     assert min(gaps(made)) >= 1 / 20
 
 
+def test_a_refusal_at_a_learned_rate_lowers_it_by_a_tenth():
+    # A rate learned before (measured, or lowered by an earlier refusal) that has grown back
+    # a little past the provider's limit: the refusal says by how little.
+    budgets.reserve("free", 1, 30)
+    budgets.refused("free", None)
+    moved_back("free", 2 * budgets.DROP_EVERY)
+    before = budgets.state("free").learned_rate
+    budgets.refused("free", None, time.time(), time.time())
+    after = budgets.state("free").learned_rate
+    assert after == pytest.approx(before * budgets.SLOWDOWN["learned"]) and after < before
+
+
 def sent(endpoint, statuses, at):
     """Note requests to `endpoint` sent from `at` (epoch seconds) a millisecond apart, answered
     with these statuses; return their notes ([sent at, status])."""
