@@ -231,12 +231,13 @@ def _reserve_in_one_statement(
 class _Free:
     """The endpoints without limits, a learned rate or a pause, as this process knows them:
     their requests start at once without a statement (the row is read at most once a
-    FREE_CHECK). Each process counts its own starts, so that the first refusal can guess the
-    rate the cluster sent."""
+    FREE_CHECK, whether it was free or not). Each process counts its own starts, so that the
+    first refusal can guess the rate the cluster sent."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._checked: dict[str, float] = {}  # endpoint: when it was last seen free (monotonic)
+        # endpoint: when it was last read (monotonic), and whether it was free then
+        self._checked: dict[str, tuple[float, bool]] = {}
         self._recent: dict[str, tuple[float, float]] = {}  # endpoint: (starts a second, at)
 
     def start(self, endpoint: str) -> bool:
@@ -244,14 +245,15 @@ class _Free:
         now = time.monotonic()
         with self._lock:
             seen = self._checked.get(endpoint)
-        if seen is None or now - seen > FREE_CHECK:
+        if seen is None or now - seen[0] > FREE_CHECK:
+            # Not free is remembered as long: an endpoint with a learned rate keeps it, and
+            # each of its reservations would read the row again first.
             learned, paused = _learned_and_paused(endpoint)
-            free = learned is None and (paused is None or paused <= timezone.now())
+            seen = (now, learned is None and (paused is None or paused <= timezone.now()))
             with self._lock:
-                if not free:
-                    self._checked.pop(endpoint, None)
-                    return False
-                self._checked[endpoint] = now
+                self._checked[endpoint] = seen
+        if not seen[1]:
+            return False
         with self._lock:
             rate, at = self._recent.get(endpoint, (0.0, now))
             self._recent[endpoint] = (rate * math.exp(-(now - at)) + 1, now)

@@ -166,6 +166,19 @@ def test_a_refusal_at_a_learned_rate_lowers_it_by_a_tenth():
     assert after == pytest.approx(before * budgets.SLOWDOWN["learned"]) and after < before
 
 
+def test_an_endpoint_that_learned_a_rate_is_read_once_a_free_check_not_at_each_reservation(
+    monkeypatch,
+):
+    budgets.reserve("free", 1, 30)
+    budgets.refused("free", None)
+    reads = []
+    read = budgets._learned_and_paused
+    monkeypatch.setattr(budgets, "_learned_and_paused", lambda e: reads.append(e) or read(e))
+    turns = [budgets.reserve("free", 1, 30) for _ in range(5)]
+    assert reads == ["free"]
+    assert min(gaps(turns)) > 0  # each of them a turn at the learned rate
+
+
 def sent(endpoint, statuses, at):
     """Note requests to `endpoint` sent from `at` (epoch seconds) a millisecond apart, answered
     with these statuses; return their notes ([sent at, status])."""
