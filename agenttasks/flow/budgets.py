@@ -38,6 +38,7 @@ from ..broker import queue
 from ..conf import app_settings
 from ..models import ProviderBudget, ProviderPermit, WorkerProcess
 from ..store import postgres
+from ..store.locking import one
 from . import redis_store
 
 LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "concurrent")
@@ -514,12 +515,12 @@ def state(endpoint: str) -> ProviderBudget | None:
     """Return the endpoint's budget as it stands (None before its first use)."""
     if in_redis():
         return redis_store.state(endpoint)
-    return ProviderBudget.objects.filter(pk=endpoint).first()
+    return one(ProviderBudget.objects.filter(pk=endpoint))
 
 
 def _locked(endpoint: str) -> ProviderBudget:
     """Return the endpoint's row, locked for this transaction (made on its first use)."""
-    row = ProviderBudget.objects.select_for_update().filter(pk=endpoint).first()
+    row = one(ProviderBudget.objects.select_for_update().filter(pk=endpoint))
     if row is not None:
         return row
     try:
