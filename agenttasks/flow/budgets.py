@@ -423,9 +423,9 @@ def refused(
     The rate drops once per DROP_EVERY at most, and not for a request whose turn was reserved
     before the last drop: the turns given at the old rate are still sent (the line runs up to
     PARK_AFTER ahead) and refused too, and they say nothing new; nor does a request sent before
-    the last drop extend the pause. Except after the first refusal of an endpoint without a rate: each refusal of the
-    DROP_EVERY after it reports what its process saw the provider accept (`_measured`), and the
-    rate is set from the reports summed.
+    the last drop extend the pause. Except after the first refusal of an endpoint without a
+    rate: each refusal of the DROP_EVERY after it reports what its process saw the provider
+    accept (`_measured`), and the rate is set from the reports summed.
     """
     limits = limits_of(endpoint)
     _free.forget(endpoint)
