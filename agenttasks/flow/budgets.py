@@ -420,10 +420,10 @@ def refused(
     """A provider refused a request (sent at `sent_at`, its turn reserved at `reserved_at`,
     epoch seconds) for its limit: pause the endpoint and lower its rate.
 
-    The rate drops once per DROP_EVERY at most, and not for a request whose turn was reserved
-    before the last drop: the turns given at the old rate are still sent (the line runs up to
-    PARK_AFTER ahead) and refused too, and they say nothing new; nor does a request sent before
-    the last drop extend the pause. Except after the first refusal of an endpoint without a
+    The rate drops once per DROP_EVERY at most. A request whose turn was reserved before the
+    last drop neither drops it nor extends the pause: the turns given at the old rate are still
+    sent (the line runs up to PARK_AFTER ahead) and refused too, and they say nothing new (each
+    pushing the pause on would leave a gap with no start after the line). Except after the first refusal of an endpoint without a
     rate: each refusal of the DROP_EVERY after it reports what its process saw the provider
     accept (`_measured`), and the rate is set from the reports summed.
     """
@@ -457,13 +457,13 @@ def refused(
     with transaction.atomic():
         row = _locked(endpoint)
         now = timezone.now()
-        # A request sent, or its turn given, before the last drop was refused for what that
-        # drop knew.
+        # A request whose turn was given before the last drop was refused for what that drop
+        # knew: the drop paused the endpoint already.
         dropped_at = row.limited_at.timestamp() if row.limited_at is not None else -math.inf
-        stale = (sent_at or math.inf) < dropped_at
+        stale = (reserved_at or sent_at or math.inf) < dropped_at
         if wait and not stale:
             row.paused_until = max(row.paused_until or now, now + timedelta(seconds=wait))
-        if (reserved_at or sent_at or math.inf) >= dropped_at and (
+        if not stale and (
             row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY
         ):
             rate = _rate(limits, row)

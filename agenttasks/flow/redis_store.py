@@ -88,20 +88,18 @@ return {'start', f(start), rated(), f(start), permit}
 """
 )
 
-# flow.budgets.refused: pause the endpoint (not for a request sent before the last drop), lower
-# its rate (once per drop_every at most, not for a request whose turn was given before the last
-# drop); at the first refusal of an endpoint without a rate, the processes' reports of what the
+# flow.budgets.refused: pause the endpoint and lower its rate (once per drop_every at most; not
+# for a request whose turn was given before the last drop); at the first refusal of an endpoint without a rate, the processes' reports of what the
 # provider accepted (measure_counts) set it.
 _REFUSED = (
     _PREAMBLE
     + """
 local wait, sent_at = given(p.wait), given(p.sent_at)
-local stale = limited_at and sent_at and sent_at < limited_at
+local given_at = given(p.reserved_at) or sent_at
+local stale = limited_at and given_at and given_at < limited_at
 if wait and wait > 0 and not stale then paused_until = math.max(paused_until or now, now + wait) end
 local measure_at = at(redis.call('HGET', KEYS[1], 'measure_at'))
-local given_at = given(p.reserved_at) or sent_at
-local old = limited_at and given_at and given_at < limited_at
-if not old and (not limited_at or now - limited_at >= p.drop_every) then
+if not stale and (not limited_at or now - limited_at >= p.drop_every) then
     local sent, slowdown = rate, p.slowdown
     if not sent then
         slowdown = p.guessed_slowdown

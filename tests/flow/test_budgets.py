@@ -235,20 +235,22 @@ def test_a_refusal_of_a_request_sent_before_the_last_drop_changes_nothing():
         assert budgets.state("llm").learned_rate < before.learned_rate
 
 
-def test_a_refusal_of_a_turn_given_before_the_last_drop_pauses_but_drops_nothing():
+def test_a_refusal_of_a_turn_given_before_the_last_drop_sent_since_changes_nothing():
     with limited(requests_per_minute=6000):  # 100 a second
         budgets.refused("llm", 1.0, time.time())
         moved_back("llm", 2 * budgets.DROP_EVERY)  # long enough ago for another drop
         before = budgets.state("llm")
-        # Sent just now, from a turn given at the rate the last drop replaced: the provider
-        # is still full (a pause), but the rate it refused is not the one in force.
+        # Sent just now, from a turn given at the rate the last drop replaced (the line runs
+        # ahead): the drop lowered that rate and paused the endpoint already.
         given = before.limited_at.timestamp() - 0.1
         budgets.refused("llm", 5.0, time.time(), given)
         after = budgets.state("llm")
         assert after.learned_rate == pytest.approx(before.learned_rate)
+        assert after.paused_until == before.paused_until
+        budgets.refused("llm", 5.0, time.time(), time.time())  # a turn given since
+        after = budgets.state("llm")
+        assert after.learned_rate < before.learned_rate
         assert after.paused_until >= timezone.now() + timedelta(seconds=4)
-        budgets.refused("llm", 1.0, time.time(), time.time())  # a turn given since: a new drop
-        assert budgets.state("llm").learned_rate < before.learned_rate
 
 
 def test_the_learned_rate_grows_back_once_refusals_stop():
