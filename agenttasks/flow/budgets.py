@@ -50,7 +50,7 @@ HEADROOM = 0.9
 # one (measured, or lowered before: the refusal says it grew a little past the limit), well below
 # what the cluster sent without a rate, which it only guessed.
 SLOWDOWN = {"configured": 0.95, "learned": 0.9, "guessed": 0.7}
-GROWTH = 0.1  # the learned rate grows back by this share a second while nothing is refused
+GROWTH = 0.05  # the learned rate grows back by this share a second while nothing is refused
 QUIET = 5.0  # seconds after a refusal before the learned rate grows again
 DROP_EVERY = 1.0  # seconds: the learned rate drops once in this time at most
 LEAST_RATE = 0.1  # requests a second: a learned rate never goes below this

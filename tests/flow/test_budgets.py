@@ -264,7 +264,7 @@ def test_the_learned_rate_grows_back_once_refusals_stop():
         ProviderBudget.objects.create(endpoint="llm", **seen)
     with limited(requests_per_minute=6000):
         budgets.reserve("llm", 1, 30)
-    assert budgets.state("llm").learned_rate == pytest.approx(11.0, rel=0.01)
+    assert budgets.state("llm").learned_rate == pytest.approx(10 * (1 + budgets.GROWTH), rel=0.01)
 
 
 def test_concurrency_is_bounded_by_permits_that_lapse():
