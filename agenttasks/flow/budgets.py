@@ -423,9 +423,10 @@ def refused(
     The rate drops once per DROP_EVERY at most. A request whose turn was reserved before the
     last drop neither drops it nor extends the pause: the turns given at the old rate are still
     sent (the line runs up to PARK_AFTER ahead) and refused too, and they say nothing new (each
-    pushing the pause on would leave a gap with no start after the line). Except after the first refusal of an endpoint without a
-    rate: each refusal of the DROP_EVERY after it reports what its process saw the provider
-    accept (`_measured`), and the rate is set from the reports summed.
+    pushing the pause on would leave a gap with no start after the line). Except after the
+    first refusal of an endpoint without a rate: each refusal of the DROP_EVERY after it
+    reports what its process saw the provider accept (`_measured`), and the rate is set from
+    the reports summed.
     """
     limits = limits_of(endpoint)
     _free.forget(endpoint)

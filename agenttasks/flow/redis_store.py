@@ -89,8 +89,8 @@ return {'start', f(start), rated(), f(start), permit}
 )
 
 # flow.budgets.refused: pause the endpoint and lower its rate (once per drop_every at most; not
-# for a request whose turn was given before the last drop); at the first refusal of an endpoint without a rate, the processes' reports of what the
-# provider accepted (measure_counts) set it.
+# for a request whose turn was given before the last drop); at the first refusal of an endpoint
+# without a rate, the processes' reports of what the provider accepted (measure_counts) set it.
 _REFUSED = (
     _PREAMBLE
     + """
