@@ -149,6 +149,7 @@ class Request:
         self.raw = raw
         self.json = json.loads(raw.decode()) if raw else {}
         self._sock = sock
+        self.peer = sock.getpeername()  # the client's (host, port): one per connection
         self.answered = threading.Event()
         self.arrived = time.monotonic()
 

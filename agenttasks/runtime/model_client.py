@@ -9,6 +9,7 @@ cancels that request alone. The loop that decides what to send lives in chat.py.
 import asyncio
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -45,6 +46,8 @@ BUSY_POLL = (0.05, 1.0)  # a full concurrency limit: the first wait for a permit
 # A request that would leave more than LATE seconds after its turn takes a new turn (LATE_TURNS
 # times at most): the provider counts arrivals, and a late one arrives with the turns after it.
 LATE, LATE_TURNS = 0.02, 2
+DRAIN_WITHIN = 1.0  # seconds: the most a stream's end is waited for after its [DONE]
+POOL_SIZE = 32  # connections of one of the process's pools (_ModelIO)
 RETRY_AFTER_CAP = 30.0  # seconds: the longest wait before a retry that is not for a limit
 PATIENCE_TEXT = (
     "The model provider's rate limit kept this run waiting longer than its patience "
@@ -223,16 +226,27 @@ class _ModelIO:
 
     Every run of the process sends its requests through it: keep-alive, at most
     MODEL_MAX_CONNECTIONS connections (one per slot by default), and a request that a stop
-    abandons is cancelled, which closes its connection and no other.
+    abandons is cancelled, which closes its connection and no other. The connections are split
+    among pools of POOL_SIZE at most (httpcore's pool looks at all its connections for each
+    idle one whenever a request starts or ends: at 500 kept alive, the loop did little else).
     """
 
     def __init__(self, max_connections: int):
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self.client = httpx.AsyncClient(limits=limits)
+        count = math.ceil(max_connections / POOL_SIZE)
+        tls = httpx.create_ssl_context()  # one for every pool: each takes a while to make
+        self.sizes = [
+            max_connections // count + (i < max_connections % count) for i in range(count)
+        ]
+        self.clients = [
+            httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                verify=tls,
+            )
+            for size in self.sizes
+        ]
+        self.sending = [0] * count  # requests under way in each pool (touched in the loop only)
         threading.Thread(
             target=self.loop.run_forever, name="agenttasks-model-io", daemon=True
         ).start()
@@ -264,14 +278,25 @@ class _ModelIO:
     async def _send(self, url, headers, body, timeout, on_piece, not_after, endpoint, note):
         if not_after is not None and time.monotonic() > not_after:
             raise LateTurn()
+        # The first pool with room: the fewest connections are opened, the most reused.
+        room = (i for i, sending in enumerate(self.sending) if sending < self.sizes[i])
+        index = next(room, len(self.sending) - 1)
+        self.sending[index] += 1
+        try:
+            return await self._exchange(
+                self.clients[index], url, headers, body, timeout, on_piece, endpoint, note
+            )
+        finally:
+            self.sending[index] -= 1
 
+    async def _exchange(self, client, url, headers, body, timeout, on_piece, endpoint, note):
         async def on_trace(event: str, info: dict) -> None:
             # Noted as its headers go out, not before its wait for a connection: the first
             # refusal's measure counts the requests the provider saw in the second before it.
             if note[0] is None and event.endswith("send_request_headers.started"):
                 budgets.sent(endpoint, note)
 
-        request = self.client.build_request(
+        request = client.build_request(
             "POST",
             url,
             content=body,
@@ -279,7 +304,7 @@ class _ModelIO:
             timeout=timeout,
             extensions={"trace": on_trace},
         )
-        response = await self.client.send(request, stream=True)
+        response = await client.send(request, stream=True)
         budgets.answered(note, response.status_code)
         if on_piece is None:
             try:
@@ -293,14 +318,29 @@ class _ModelIO:
                 await response.aread()  # an error, or a server that answered whole: read as JSON
                 return response, None
             accumulator = Accumulator(on_piece)
-            async for line in response.aiter_lines():
+            lines = response.aiter_lines()
+            async for line in lines:
                 accumulator.line(line)
                 if accumulator.done:
                     break
             accumulator.ended()
+            await _read_to_end(lines)
             return None, accumulator
         finally:
             await response.aclose()
+
+
+async def _read_to_end(lines) -> None:
+    """Read what is left of a stream after its [DONE] (the end of its chunked body): a response
+    read to its end leaves its connection open for the next request, one closed before closes
+    it, and each new connection is a handshake more, late under load. A server that goes on
+    sending after [DONE] is given DRAIN_WITHIN seconds, then its connection is closed."""
+    try:
+        async with asyncio.timeout(DRAIN_WITHIN):
+            async for _ in lines:
+                pass
+    except (TimeoutError, httpx.HTTPError):
+        pass
 
 
 _io: _ModelIO | None = None

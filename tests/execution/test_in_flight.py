@@ -23,6 +23,7 @@ from agenttasks.broker import deltas, queue
 from agenttasks.execution import worker
 from agenttasks.models import Event, PendingAction, ReaperPass, Run, Task, WorkerProcess
 from agenttasks.operations import health, metrics
+from agenttasks.runtime import model_client
 from agenttasks.runtime.model_client import model_io
 from agenttasks.store.endings import ORPHAN_TEXT
 from agenttasks.types import NewTask
@@ -412,9 +413,18 @@ def test_one_model_client_per_process_with_a_bounded_pool():
         client._io = None
         io = model_io()
         assert model_io() is io
-        pool = io.client._transport._pool
+        (pool,) = (c._transport._pool for c in io.clients)
         assert (pool._max_connections, pool._max_keepalive_connections) == (7, 7)
         client._io = None
+
+
+def test_a_processs_connections_are_split_among_small_pools():
+    # httpcore's pool is quadratic in its idle connections: 500 in one pool starved the loop.
+    io = model_client._ModelIO(max_connections=500)
+    pools = [c._transport._pool for c in io.clients]
+    assert sum(p._max_connections for p in pools) == 500
+    assert max(p._max_connections for p in pools) <= model_client.POOL_SIZE
+    assert all(p._max_keepalive_connections == p._max_connections for p in pools)
 
 
 def test_slots_and_runs_in_flight_in_metrics_and_health():

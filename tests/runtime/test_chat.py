@@ -25,6 +25,7 @@ from ..fake_model import (
     SEND_EMAIL,
     TOOL_LOG,
     TOOL_RUNS,
+    _frame,
     answer,
     calls,
     disconnected,
@@ -878,6 +879,54 @@ def test_a_message_steered_to_a_running_chat_run_is_read_at_its_next_turn(
         ("user", "and cats"),
         ("assistant", "About dogs, and cats."),
     ]
+
+
+def test_a_streamed_answer_read_to_its_end_leaves_its_connection_for_the_next_request(model):
+    # A connection closed before its stream's end is a new connection (a handshake) for each
+    # request, and under load those connects are late by seconds, bunching the starts.
+    server = model.script(lambda r: stream_answer(["a", "b"]))
+    io = model_client._ModelIO(max_connections=4)
+    url = server.url + "/chat/completions"
+    body = json.dumps({"model": "m", "messages": [], "stream": True}).encode()
+    pieces: list[str] = []
+    for _ in range(3):
+        future = io.send(url, {}, body, 10, pieces.append, None, "kept", [None, None])
+        response, streamed = future.result(10)
+        assert response is None and streamed.message()[0]["content"] == "ab"
+    assert pieces == ["a", "b"] * 3
+    assert len({request.peer for request in server.requests}) == 1
+
+
+def test_requests_fill_the_first_pool_with_room_before_the_next(model):
+    released: list[bool] = []
+    server = model.script(lambda r: hold(lambda r: bool(released), deadline=10))
+    io = model_client._ModelIO(max_connections=40)  # two pools of 20
+    body = json.dumps({"model": "m", "messages": []}).encode()
+    url = server.url + "/chat/completions"
+    futures = [io.send(url, {}, body, 10, None, None, "packed", [None, None]) for _ in range(25)]
+    wait_for(lambda: len(server.requests) == 25, 10)
+    assert io.sending == [20, 5]
+    released.append(True)
+    assert all(future.result(10)[0].status_code == 200 for future in futures)
+    assert io.sending == [0, 0]
+    assert len({request.peer for request in server.requests}) == 25
+
+
+def test_a_stream_that_goes_on_after_its_done_is_cut_and_its_answer_kept(model, monkeypatch):
+    monkeypatch.setattr(model_client, "DRAIN_WITHIN", 0.2)
+    done = stream_answer(["a"])
+    # Frames after [DONE], slowly: the client stops waiting for the stream's end.
+    done.chunks += [_frame(b"more")] * 20
+    done.gap = 0.1
+    server = model.script(lambda r: done)
+    io = model_client._ModelIO(max_connections=4)
+    body = json.dumps({"model": "m", "messages": [], "stream": True}).encode()
+    started = time.monotonic()
+    url = server.url + "/chat/completions"
+    future = io.send(url, {}, body, 10, lambda text: None, None, "cut", [None, None])
+    _, streamed = future.result(10)
+    assert streamed.message()[0]["content"] == "a"
+    assert time.monotonic() - started < 1.5  # not the 2 s the server goes on for
 
 
 def test_a_request_is_noted_as_sent_when_it_leaves_not_while_it_waits_for_a_connection(model):
