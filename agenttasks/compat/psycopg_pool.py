@@ -8,8 +8,14 @@ ones it finds, so a request could hang for seconds after a restart, or time out 
 replaced at once and the busy ones when they come back (docs/operating.md#surviving-a-database-restart).
 psycopg's pool has no public way to set its check after Django made it; without the attribute
 the pool keeps its own behaviour.
+
+The pool's check is a round trip (an empty statement) each time it hands a connection out: for
+every web request and for each of a run's turns at the database. A connection the server ended
+(a restart, `pg_terminate_backend`) has its goodbye or its end waiting on the socket, so the
+round trip is made only for a connection on which something arrived while it was idle.
 """
 
+import select
 from typing import Any
 
 
@@ -24,6 +30,8 @@ def drain_when_checks_fail(sender, connection, **kwargs) -> None:
         return
 
     def check_or_drain(conn) -> None:
+        if not heard_from(conn):
+            return
         try:
             check(conn)
         except Exception:
@@ -32,3 +40,14 @@ def drain_when_checks_fail(sender, connection, **kwargs) -> None:
 
     pool._check = check_or_drain
     pool.drains_on_failed_check = True
+
+
+def heard_from(conn) -> bool:
+    """Say whether anything arrived on an idle connection (or it is closed): an idle connection
+    of a live server has nothing to read."""
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except Exception:  # closed: fileno() raises
+        return True
