@@ -38,7 +38,8 @@ from ..flow import budgets
 from ..models import Run, WorkerProcess
 from ..operations import metrics
 from ..runtime.base import release_connection
-from ..runtime.driver import HOST, beater, drive, reconnecting, worker_identity
+from ..runtime.driver import HOST, beater, drive, worker_identity
+from ..store import faults
 from ..types import Claimed
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def execute_run(run_id: str) -> None:
         return
     worker = worker_identity()
     try:
-        run = reconnecting(lambda: store.claim(run_id, worker))
+        run = faults.reconnecting(lambda: store.claim(run_id, worker))
     except RunNotFound:
         logger.info("worker.run_gone run=%s", run_id)
         return
@@ -185,7 +186,9 @@ class RunPool:
             self.held += free
         claimed = Claimed([])
         try:
-            claimed = reconnecting(lambda: store.claim_many(self.identity, free, first, room))
+            claimed = faults.reconnecting(
+                lambda: store.claim_many(self.identity, free, first, room)
+            )
         except Exception:
             logger.exception("worker.claim_failed free=%d", free)
             with self._lock:

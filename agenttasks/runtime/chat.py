@@ -7,6 +7,7 @@ or a tool runs; every event is appended in its own short transaction. The model 
 is model_client.py.
 """
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from ..broker import deltas
 from ..models import PendingAction, Run
 from ..registry import ASK_USER_PATH
 from ..states import ActionStatus, OutcomeStatus, StopRequest, TaskKind
+from ..store.faults import reconnecting
 from ..tools import InvalidArguments, ToolResult, ToolSpec, check_arguments, decode_arguments
 from ..types import ActionRequest, RunOutcome
 from . import approvals, delegation
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 INTERRUPTED = "Tool call interrupted: the run ended before it returned a result"
 TRANSCRIPT_TYPES = ("message.user", "message.assistant", "tool.result", "task.notification")
+# The events only a chat run writes with its own run id, while it runs.
+WRITTEN = ("message.user", "message.assistant", "tool.call", "tool.result", "task.escalated")
 
 
 def execute(ctx: RunContext) -> RunOutcome:
@@ -174,28 +178,30 @@ class ChatRun:
         # Written before the ending is recorded, so a resume continues the window's totals and
         # a caller absorbing this run reads what it spent.
         own = self.budget.own
-        Run.objects.filter(pk=self.run.id).update(
-            turns=own.turns,
-            tool_calls=own.tool_calls,
-            prompt_tokens=own.prompt_tokens,
-            completion_tokens=own.completion_tokens,
-            total_tokens=own.total_tokens,
-            usage_known=True,
-            exec_seconds=own.wall(),
+        reconnecting(
+            lambda: Run.objects.filter(pk=self.run.id).update(
+                turns=own.turns,
+                tool_calls=own.tool_calls,
+                prompt_tokens=own.prompt_tokens,
+                completion_tokens=own.completion_tokens,
+                total_tokens=own.total_tokens,
+                usage_known=True,
+                exec_seconds=own.wall(),
+            )
         )
 
     def _loop(self) -> RunOutcome:
         self.client = ModelClient(self.ctx, self.budget)
         self.tools = toolset(self.ctx)
         messages: list[dict] | None
-        messages, outstanding = transcript(self.ctx.conversation_id, self.agent.system_prompt)
+        messages, outstanding = self._transcript()
         # A turn boundary reads the stop request exactly; the first has the one the claim read.
         stop = self.ctx.stop.value
         if outstanding:
             paused = self._settle(outstanding)
             if paused is not None:
                 return paused
-            messages, stop = None, self.ctx.read_stop_request()  # the results are in the log
+            messages, stop = None, self._read_stop_request()  # the results are in the log
         while True:
             self._check_stop()
             if stop == "after_turn":
@@ -204,7 +210,7 @@ class ChatRun:
             if message:
                 raise BudgetExceeded(message)
             if self._take_steers() or messages is None:
-                messages, _ = transcript(self.ctx.conversation_id, self.agent.system_prompt)
+                messages, _ = self._transcript()
             self.budget.spend(turns=1)
             self.pieces = []
             response = self.client.complete(
@@ -239,16 +245,26 @@ class ChatRun:
             self._append_results(response.calls, batch)
             if batch.outstanding:
                 return self._pause(batch)
-            messages, stop = None, self.ctx.read_stop_request()
+            messages, stop = None, self._read_stop_request()
 
     # stops --------------------------------------------------------------------------------
     def _check_stop(self) -> None:
         if self.ctx.stop_now():
             raise RunStopped()
 
+    # The reads and compare-and-sets between turns are tried again while the database is away
+    # (a restart, a terminated connection), as the run's ending and its appends are. A take of
+    # steered messages whose commit went through just before its connection broke reads as none
+    # taken: they are in the transcript of the next turn, if there is one.
+    def _transcript(self) -> tuple[list[dict], list[Outstanding]]:
+        return reconnecting(lambda: transcript(self.ctx.conversation_id, self.agent.system_prompt))
+
+    def _read_stop_request(self) -> str:
+        return reconnecting(self.ctx.read_stop_request)
+
     def _take_steers(self) -> bool:
         """Take in the messages steered to this run since its last turn (docs/lifecycle.md)."""
-        return bool(store.take_steers(self.run.id))
+        return bool(reconnecting(lambda: store.take_steers(self.run.id)))
 
     def _keep_interrupted_reply(self) -> None:
         """Keep what was streamed of a reply a newer message interrupted, marked interrupted
@@ -259,11 +275,27 @@ class ChatRun:
 
     # the log ------------------------------------------------------------------------------
     def _append(self, events: list[tuple[str, dict, str]]) -> None:
+        """Append events of this run in one transaction, tried again while the database is away.
+
+        A try whose commit went through just before its connection broke shows as the latest
+        event this run wrote: a batch's last event differs from the one before it (a reply, a
+        call or a result by its call id, with the steered messages taken between two replies),
+        so it is not written twice.
+        """
         task_id = self.ctx.task_id or ""
-        store.append_events(
-            self.ctx.conversation_id,
-            [(kind, data, self.run.id, other or task_id) for kind, data, other in events],
-        )
+        rows = [(kind, data, self.run.id, other or task_id) for kind, data, other in events]
+        last = (rows[-1][0], json.loads(json.dumps(rows[-1][1])))  # as the log reads it back
+        tried = False
+
+        def append() -> None:
+            nonlocal tried
+            conversation_id = self.ctx.conversation_id
+            if tried and store.last_of_run(conversation_id, self.run.id, WRITTEN) == last:
+                return
+            tried = True
+            store.append_events(conversation_id, rows)
+
+        reconnecting(append)
 
     def _publish_delta(self, piece: str) -> None:
         """Hand a piece of the reply being written to the conversation's live readers."""

@@ -31,8 +31,6 @@ from .base import RunContext, RunStopped, StopFlag
 # The run's log lines (worker.*) kept the logger they had before the driver left worker.py.
 logger = logging.getLogger("agenttasks.execution.worker")
 
-RECONNECT_WINDOW = 60.0
-
 
 def worker_identity() -> str:
     """Name the claiming process: host and pid (every run it holds is beaten by its heartbeat)."""
@@ -210,31 +208,6 @@ def beater() -> _Beater:
         return current
 
 
-def reconnecting(write, *, window: float = RECONNECT_WINDOW):
-    """Call `write`, retrying while the database is unreachable (a restart) for up to `window` s.
-
-    Each store operation is one transaction, so a retry repeats a whole compare-and-set: one that
-    committed before the connection broke simply loses the second time. A lost connection is
-    retried whatever error a lookup on the way wrapped it in (`SpawnError` from `meta_for`).
-    """
-    deadline = time.monotonic() + window
-    delay = 0.2
-    while True:
-        try:
-            return write()
-        except Exception as exc:
-            if (
-                not faults.lost_connection(exc)
-                or connection.in_atomic_block
-                or time.monotonic() > deadline
-            ):
-                raise
-            logger.warning("worker.database_unavailable retry_in=%.1fs", delay, exc_info=True)
-            connection.close()
-            time.sleep(delay)
-            delay = min(delay * 2, 3.0)
-
-
 def execute_inline(run_id: str, *, depth: int, callers: list) -> bool:
     """Claim a delegate child's queued run and execute it in the calling thread.
 
@@ -267,7 +240,7 @@ def drive(run: Run, worker: str, **context) -> None:
             seconds = time.monotonic() - begun
             tracing.ended(traced, outcome)
             try:
-                reconnecting(
+                faults.reconnecting(
                     lambda: lifecycle.on_run_finished(run.conversation_id, outcome, task=run.task)
                 )
             except (TaskNotFound, RunNotFound):

@@ -26,6 +26,7 @@ from ..conf import app_settings
 from ..flow import budgets, hints
 from ..models import Run
 from ..operations import metrics
+from ..store.faults import reconnecting
 from .base import RunContext, RunStopped, release_connection
 from .budget import Budget, BudgetExceeded
 from .streaming import Accumulator, StreamCut, StreamError
@@ -594,9 +595,14 @@ class ModelClient:
 
     @staticmethod
     def _budget(verb, *args, **kwargs):
-        """Run one of the budget's verbs, then give the connection back (the run waits next)."""
+        """Run one of the budget's verbs, then give the connection back (the run waits next).
+
+        A verb is tried again while the database is away. One whose commit went through before
+        its answer was lost counts twice: a reservation leaves one turn unused, a release moves
+        the tokens' line by its correction twice, a refusal counts twice (its pause and drop
+        are not repeated: docs/operating.md#meeting-your-providers-limits)."""
         try:
-            return verb(*args, **kwargs)
+            return reconnecting(lambda: verb(*args, **kwargs))
         finally:
             release_connection()
 

@@ -31,7 +31,7 @@ from .deletion import (
     stored_files,
 )
 from .endings import ORPHAN_TEXT, end, finalize, record_run_end, release_retry_claim
-from .events import append_events, read_log
+from .events import append_events, last_of_run, read_log
 from .leases import Leases
 from .limits import active_count, check_active_limit, live_count, lock_principal
 from .locking import Log, lock_conversation, lock_task, retried
@@ -90,6 +90,7 @@ __all__ = [
     "answer",
     "answer_conversation_run",
     "append_events",
+    "last_of_run",
     "read_log",
     "check_active_limit",
     "claim",

@@ -49,3 +49,18 @@ def read_log(conversation_id: str, types: Sequence[str]) -> list[tuple[str, Any,
         rows = cursor.fetchall()
     # Django's backends hand a JSON column over as text (JSONField decodes it).
     return [(t, json.loads(d) if isinstance(d, str) else d, r) for t, d, r in rows]
+
+
+def last_of_run(conversation_id: str, run_id: str, types: Sequence[str]) -> tuple[str, Any] | None:
+    """Return the (type, data) of the latest event of `types` a run appended to a conversation."""
+    marks = ", ".join(["%s"] * len(types))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT type, data FROM agenttasks_event WHERE conversation_id = %s AND run_id = %s"
+            f" AND type IN ({marks}) ORDER BY seq DESC LIMIT 1",
+            [conversation_id, run_id, *types],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return row[0], json.loads(row[1]) if isinstance(row[1], str) else row[1]

@@ -4,10 +4,20 @@ A database's own error text (a host name, a constraint, a statement) is for the 
 error, a callback and an API answer say what failed in the product's words (docs/lifecycle.md).
 """
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+# Its retries are logged as the worker's, where an operator has always looked for them.
+logger = logging.getLogger("agenttasks.execution.worker")
 
 UNREACHABLE = "The database could not be reached"
 FAILED = "A database error occurred"
+T = TypeVar("T")
+RECONNECT_WINDOW = 60.0  # seconds a store operation is retried while the database is away
 
 
 def lost_connection(exc: BaseException | None) -> bool:
@@ -26,3 +36,28 @@ def told(exc: BaseException) -> str:
     if isinstance(exc, DatabaseError) or isinstance(exc.__cause__, DatabaseError):
         return FAILED
     return str(exc) or type(exc).__name__
+
+
+def reconnecting(write: Callable[[], T], *, window: float = RECONNECT_WINDOW) -> T:
+    """Call `write`, retrying while the database is unreachable (a restart) for up to `window` s.
+
+    Each store operation is one transaction, so a retry repeats a whole compare-and-set: one that
+    committed before the connection broke simply loses the second time. A lost connection is
+    retried whatever error a lookup on the way wrapped it in (`SpawnError` from `meta_for`).
+    """
+    deadline = time.monotonic() + window
+    delay = 0.2
+    while True:
+        try:
+            return write()
+        except Exception as exc:
+            if (
+                not lost_connection(exc)
+                or connection.in_atomic_block
+                or time.monotonic() > deadline
+            ):
+                raise
+            logger.warning("worker.database_unavailable retry_in=%.1fs", delay, exc_info=True)
+            connection.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 3.0)

@@ -16,11 +16,12 @@ import pytest
 from django.db import connection, connections
 from django.test import Client
 
-from agenttasks import lifecycle
+from agenttasks import lifecycle, store
 from agenttasks.models import Event, Run, Task
 from agenttasks.runtime.base import Reply
-from agenttasks.runtime.driver import reconnecting
+from agenttasks.runtime.driver import drive, worker_identity
 from agenttasks.states import RunStatus
+from agenttasks.store.faults import reconnecting
 from agenttasks.types import RunOutcome
 
 from ..conftest import wait_for
@@ -213,3 +214,52 @@ def test_a_check_warns_when_reused_connections_are_not_checked(monkeypatch):
     settings_dict["OPTIONS"].pop("pool")
     settings_dict["CONN_HEALTH_CHECKS"] = False
     assert check_connection_health() == []  # a new connection each time: nothing goes stale
+
+
+def run_chat_task(user, *, before=None) -> Task:
+    """Create a chat task, claim its run here, call `before`, and drive the run to its end."""
+    task = lifecycle.create(owner=user, agent_id="chatter", input="q")
+    run = store.claim(task.run_id, worker_identity())
+    if before is not None:
+        before()
+    drive(run, worker_identity())
+    return Task.objects.get(pk=task.id)
+
+
+def replies(task: Task) -> list[str]:
+    kept = Event.objects.filter(conversation_id=task.conversation_id, type="message.assistant")
+    return [event.data["content"] for event in kept.order_by("seq")]
+
+
+@pytest.fixture
+def chatter(model, agents, recording_queue):
+    agents("chatter", model="m-chat", stream=False)
+    model.script(lambda request: answer("the answer"))
+
+
+def test_a_chat_run_whose_connection_was_lost_before_its_first_turn_completes(chatter, user):
+    # The transcript's read, the run's first statement, finds the connection gone.
+    ended = run_chat_task(user, before=lose_the_connection)
+    assert (ended.status, ended.result, ended.error) == ("completed", "the answer", "")
+
+
+@pytest.mark.parametrize("commit_went_through", [False, True])
+def test_a_reply_appended_across_a_lost_connection_is_written_once(
+    chatter, user, monkeypatch, commit_went_through
+):
+    append = store.append_events
+    lost = []
+
+    def append_losing_the_connection(conversation_id, events):
+        if lost or events[0][0] != "message.assistant":
+            return append(conversation_id, events)
+        lost.append(1)
+        if commit_went_through:
+            append(conversation_id, events)  # committed; then its answer never arrives
+        lose_the_connection()
+        return append(conversation_id, events)
+
+    monkeypatch.setattr(store, "append_events", append_losing_the_connection)
+    ended = run_chat_task(user)
+    assert lost and (ended.status, ended.result) == ("completed", "the answer")
+    assert replies(ended) == ["the answer"]
