@@ -85,12 +85,9 @@ def agent_room() -> dict[str, int]:
     in fair order, rather than being claimed to wait (or park) behind it.
     """
     within = app_settings.PARK_AFTER / LINE_SHARE
-    lines = budgets.room(within) if within else {}
-    return {
-        agent.id: lines[agent.endpoint]
-        for agent in registry.agents()
-        if agent.runtime == "chat" and agent.endpoint in lines
-    }
+    chat = [agent for agent in registry.agents() if agent.runtime == "chat"]
+    lines = budgets.room(within, {agent.endpoint for agent in chat}) if within else {}
+    return {agent.id: lines[agent.endpoint] for agent in chat if agent.endpoint in lines}
 
 
 def _after(seconds: float, call, *args) -> None:

@@ -16,7 +16,8 @@ no refusal comes. `tokens_per_minute` spaces tokens the same way: a request rese
 estimated tokens, and the usage the provider reports corrects the reservation. `concurrent`
 bounds the requests in flight with a permit each, which lapses if its holder dies.
 
-An endpoint without limits costs no statement until a refusal teaches it a rate (`_Free`). A
+An endpoint without limits costs no statement until a refusal teaches it a rate: each process
+paces its own requests to it, in a slow start (`_Free`, FIRST_RATE and RAMP). A
 start further off than the run's horizon (PARK_AFTER) is not reserved: the run parks, told its
 place in its owner's line. Each process remembers where each line ended when it last reserved
 (`room`), so that its claims take no more runs than the line has room for.
@@ -28,6 +29,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -56,6 +58,12 @@ DROP_EVERY = 1.0  # seconds: the learned rate drops once in this time at most
 LEAST_RATE = 0.1  # requests a second: a learned rate never goes below this
 PERMIT_SLACK = 30.0  # seconds a permit outlives its request's timeout before it lapses
 FREE_CHECK = 1.0  # seconds a process trusts that an endpoint without limits is still free
+# A process starts requests to an endpoint it has no rate for at FIRST_RATE a second, plus RAMP
+# times what it started in about the last second: a burst's rate grows about sevenfold a second
+# (e^2), so the first refusal comes soon after the provider's limit is passed, not after all
+# the process could claim was sent at once (a slow start, as TCP's).
+FIRST_RATE = 32.0
+RAMP = 3.0
 # The first refusal of an endpoint without a rate measures the provider's limit: the requests
 # the cluster's processes sent in the MEASURED_OVER seconds before the refused one and that the
 # provider did not refuse, summed. Each process remembers its requests for KEPT_FOR seconds.
@@ -157,8 +165,10 @@ def reserve(
     far off keeps its place at the front: its place is the next free start, and no line grows.
     """
     limits = limits_of(endpoint)
-    if not limits.configured and _free.start(endpoint):
-        return Reservation(endpoint, timezone.now())
+    if not limits.configured:
+        start = _free.start(endpoint)
+        if start is not None:
+            return Reservation(endpoint, start)
     key = f"{'' if owner is None else owner}:{priority}"
     if in_redis() or postgres.enabled():
         return _reserve_in_one_statement(
@@ -231,18 +241,20 @@ def _reserve_in_one_statement(
 
 class _Free:
     """The endpoints without limits, a learned rate or a pause, as this process knows them:
-    their requests start at once without a statement (the row is read at most once a
-    FREE_CHECK, whether it was free or not). Each process counts its own starts, so that the
-    first refusal can guess the rate the cluster sent."""
+    their requests start without a statement (the row is read at most once a FREE_CHECK,
+    whether it was free or not), spaced by this process's slow start (FIRST_RATE, RAMP). Each
+    process counts its own starts, so that the first refusal can guess the rate the cluster
+    sent."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # endpoint: when it was last read (monotonic), and whether it was free then
         self._checked: dict[str, tuple[float, bool]] = {}
         self._recent: dict[str, tuple[float, float]] = {}  # endpoint: (starts a second, at)
+        self._next: dict[str, float] = {}  # endpoint: this process's next free start (monotonic)
 
-    def start(self, endpoint: str) -> bool:
-        """Say whether `endpoint` is free and, if it is, count a start."""
+    def start(self, endpoint: str) -> datetime | None:
+        """Take this process's next start on `endpoint` if it is free (None if it is not)."""
         now = time.monotonic()
         with self._lock:
             seen = self._checked.get(endpoint)
@@ -254,11 +266,18 @@ class _Free:
             with self._lock:
                 self._checked[endpoint] = seen
         if not seen[1]:
-            return False
+            return None
+        wall, now = timezone.now(), time.monotonic()  # after the read: its time is not a wait
         with self._lock:
             rate, at = self._recent.get(endpoint, (0.0, now))
-            self._recent[endpoint] = (rate * math.exp(-(now - at)) + 1, now)
-        return True
+            recent = rate * math.exp(-(now - at))
+            allowed = FIRST_RATE + RAMP * recent
+            start = max(now, self._next.get(endpoint, now))
+            self._next[endpoint] = start + 1 / allowed
+            self._recent[endpoint] = (recent + 1, now)
+        at_start = wall + timedelta(seconds=start - now)
+        _lines.saw(endpoint, at_start, allowed)  # the claims take what its line has room for
+        return at_start
 
     def forget(self, endpoint: str) -> None:
         with self._lock:
@@ -368,15 +387,18 @@ class _Lines:
 _lines = _Lines()
 
 
-def room(within: float) -> dict[str, int]:
+def room(within: float, endpoints: Iterable[str] = ()) -> dict[str, int]:
     """Say how many more requests each endpoint's line, as this process last saw it, takes
-    before it reaches `within` seconds from now; an endpoint with a configured rate that this
-    process has not used yet takes `within` seconds of it."""
+    before it reaches `within` seconds from now. One of `endpoints` (or of MODEL_LIMITS) that
+    this process has not used yet takes `within` seconds of its configured rate, or of its slow
+    start's first rate (FIRST_RATE) when it has none."""
     found = _lines.room(within, timezone.now())
-    for endpoint, given in (app_settings.MODEL_LIMITS or {}).items():
-        rate = (given or {}).get("requests_per_minute")
-        if endpoint not in found and rate:
-            found[endpoint] = max(math.floor(within * HEADROOM * rate / 60), 1)
+    for endpoint in {*endpoints, *(app_settings.MODEL_LIMITS or {})}:
+        if endpoint in found:
+            continue
+        rate = limits_of(endpoint).requests_per_minute
+        per_second = HEADROOM * rate / 60 if rate else FIRST_RATE
+        found[endpoint] = max(math.floor(within * per_second), 1)
     return found
 
 
@@ -468,7 +490,7 @@ def refused(
             row.limited_at is None or (now - row.limited_at).total_seconds() >= DROP_EVERY
         ):
             rate = _rate(limits, row)
-            # With a rate, starts follow it; without, every reservation started at once.
+            # With a rate, starts follow it; without, each process paced its own (its slow start).
             sent = rate or max(_decayed(row, now), _free.cluster_rate(endpoint))
             kind = "configured" if limits.requests_per_minute else "learned" if rate else "guessed"
             slowdown = SLOWDOWN[kind]

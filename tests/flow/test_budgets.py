@@ -104,10 +104,18 @@ def test_each_owner_and_priority_parks_in_a_line_of_its_own():
     assert set(budgets.state("llm").parked_lines) == {"1:0", "2:0", "1:50"}
 
 
-def test_an_endpoint_without_limits_starts_at_once():
-    made = [budgets.reserve("free", 10, 30) for _ in range(3)]
-    assert all(r.start <= timezone.now() for r in made)
-    assert all(r.permit is None for r in made)
+def test_an_endpoint_without_limits_starts_slowly_then_faster_and_faster():
+    before = timezone.now()
+    made = [budgets.reserve("free", 10, 30) for _ in range(64)]
+    assert made[0].start <= timezone.now() and all(r.permit is None for r in made)
+    spacing = gaps(made)
+    # The first start's share is FIRST_RATE's; each start raises the rate by RAMP (about one
+    # start a second more, since they came in a moment): 64 starts span about
+    # ln(1 + 3 * 64 / 32) / 3 = 0.65 s, where they would all have left at once.
+    assert spacing[0] == pytest.approx(1 / budgets.FIRST_RATE, rel=0.05)
+    assert spacing[-1] < spacing[0] / 5
+    assert 0.5 < (made[-1].start - before).total_seconds() < 0.8
+    assert budgets.state("free") is None  # no statement: the process paces its own starts
 
 
 def test_tokens_are_reserved_and_corrected_by_the_usage():
@@ -347,8 +355,11 @@ def test_the_room_left_in_a_line_is_what_this_process_last_saw():
             budgets.reserve("llm", 10, 30)
         fits = budgets.room(1.0)["llm"]
     assert fits == 0  # full: nothing more until the line moves
+    # An endpoint without a rate that this process has not used takes a second of its slow
+    # start's first rate; once used, what its line has room for at the rate it reached.
+    assert budgets.room(1.0, ["no-rate"])["no-rate"] == budgets.FIRST_RATE
     budgets.reserve("no-rate", 10, 30)
-    assert "no-rate" not in budgets.room(1.0)  # an endpoint without a rate has no line
+    assert budgets.room(1.0, ["no-rate"])["no-rate"] in (30, 31)
 
 
 def test_after_a_reaper_pass_the_budgets_row_says_what_the_store_holds():
