@@ -12,7 +12,7 @@ from django.db import connection
 from agenttasks import lifecycle
 from agenttasks.broker import deltas
 from agenttasks.broker.listen import hub
-from agenttasks.models import Conversation, Task
+from agenttasks.models import Conversation, Run, Task
 
 from .admin import test_browser as chrome
 from .admin.test_browser import ARTIFACTS, CHROMIUM
@@ -273,9 +273,16 @@ def test_a_chat_agents_reply_streams_into_the_page_from_the_cluster(playground, 
         start(page, "conversation", "assistant", "hi")
         # The cluster's first run starts cold (its model client, its connections): on a loaded
         # machine its first piece took longer than the 5 s an expect waits by default.
-        expect(page.locator("#log li.assistant.streaming")).to_have_text(
-            "assistant: Hello, ", timeout=20_000
-        )
+        try:
+            expect(page.locator("#log li.assistant.streaming")).to_have_text(
+                "assistant: Hello, ", timeout=20_000
+            )
+        except AssertionError as exc:
+            # It failed twice in CI's full run, never alone: say where the reply stopped.
+            runs = list(Run.objects.values_list("status", "worker", "error"))
+            raise AssertionError(
+                f"{exc}\nmodel requests: {len(fake.requests)}, runs: {runs}"
+            ) from exc
         held.set()
         expect(page.locator("#log li.assistant")).to_have_text(["assistant: Hello, world"])
         expect(page.locator("#log li.streaming")).to_have_count(0)
