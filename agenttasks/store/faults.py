@@ -1,4 +1,5 @@
-"""The database's faults as the product tells them: a lost connection, and words for the rest.
+"""The database's faults as the product tells them: a lost connection, words for the rest, and
+the retry that waits out a lost connection (`reconnecting`).
 
 A database's own error text (a host name, a constraint, a statement) is for the log; a task's
 error, a callback and an API answer say what failed in the product's words (docs/lifecycle.md).
