@@ -253,9 +253,7 @@ class ChatRun:
             raise RunStopped()
 
     # The reads and compare-and-sets between turns are tried again while the database is away
-    # (a restart, a terminated connection), as the run's ending and its appends are. A take of
-    # steered messages whose commit went through just before its connection broke reads as none
-    # taken: they are in the transcript of the next turn, if there is one.
+    # (a restart, a terminated connection), as the run's ending and its appends are.
     def _transcript(self) -> tuple[list[dict], list[Outstanding]]:
         return reconnecting(lambda: transcript(self.ctx.conversation_id, self.agent.system_prompt))
 
@@ -263,8 +261,24 @@ class ChatRun:
         return reconnecting(self.ctx.read_stop_request)
 
     def _take_steers(self) -> bool:
-        """Take in the messages steered to this run since its last turn (docs/lifecycle.md)."""
-        return bool(reconnecting(lambda: store.take_steers(self.run.id)))
+        """Take in the messages steered to this run since its last turn (docs/lifecycle.md).
+
+        A try whose commit went through just before its connection broke shows in the run's
+        count of the messages it took, which only the run itself moves while it runs.
+        """
+        before, tried = self.run.steers_taken, False
+
+        def take() -> int:
+            nonlocal tried
+            if tried:
+                taken = store.steers_taken(self.run.id)
+                if taken > before:
+                    return taken
+            tried = True
+            return before + len(store.take_steers(self.run.id))
+
+        self.run.steers_taken = reconnecting(take)
+        return self.run.steers_taken > before
 
     def _keep_interrupted_reply(self) -> None:
         """Keep what was streamed of a reply a newer message interrupted, marked interrupted

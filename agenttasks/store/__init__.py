@@ -53,7 +53,7 @@ from .runs import (
     update_conversation,
     wake_conversation,
 )
-from .steering import take_steers
+from .steering import steers_taken, take_steers
 from .sweeps import (
     conversations_owed,
     expire_and_cancel,
@@ -150,6 +150,7 @@ __all__ = [
     "hand_over",
     "messages_wait",
     "start_conversation_run",
+    "steers_taken",
     "take_steers",
     "stop_runs",
     "stored_files",

@@ -59,6 +59,12 @@ def _has_untaken_steers(run_id: str) -> bool:
         return cursor.fetchone() is not None
 
 
+def steers_taken(run_id: str) -> int:
+    """Return how many of the messages steered to a run it has taken in (0: no such run)."""
+    taken = Run.objects.filter(pk=run_id).values_list("steers_taken", flat=True).first()
+    return taken or 0
+
+
 def leave_untaken(log: Log, run: Run, now: datetime) -> None:
     """Settle the messages steered to a locked run that ends and never took them in.
 

@@ -26,7 +26,7 @@ from agenttasks.types import RunOutcome
 
 from ..conftest import wait_for
 from ..factories import ConversationFactory, RunFactory
-from ..fake_model import answer
+from ..fake_model import answer, hold, in_thread
 
 pytest_plugins = ["tests.fake_model"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -263,3 +263,44 @@ def test_a_reply_appended_across_a_lost_connection_is_written_once(
     ended = run_chat_task(user)
     assert lost and (ended.status, ended.result) == ("completed", "the answer")
     assert replies(ended) == ["the answer"]
+
+
+def test_a_steered_message_taken_as_the_connection_broke_is_answered(
+    model, agents, user, monkeypatch
+):
+    agents("chatter", model="m-chat", stream=False)
+    steered = lambda request: Run.objects.filter(steers=1).exists()  # noqa: E731
+    server = model.script(
+        lambda r: (
+            hold(steered, deadline=10, then=answer("About dogs."))
+            if len(r.messages) == 1
+            else answer("About dogs, and cats.")
+        )
+    )
+    take = store.take_steers
+    lost = []
+
+    def take_losing_the_connection(run_id):
+        taken = take(run_id)  # committed; then its answer never arrives
+        if taken and not lost:
+            lost.append(1)
+            lose_the_connection()
+            Run.objects.count()
+        return taken
+
+    monkeypatch.setattr(store, "take_steers", take_losing_the_connection)
+    conversation = lifecycle.create_conversation(owner=user, agent_id="chatter")
+    run, _ = lifecycle.post_message(conversation.id, "Write about dogs")
+    claimed = store.claim(run.id, worker_identity())
+    thread = in_thread(drive, claimed, worker_identity())
+    wait_for(lambda: server.of("m-chat"), message="the first model request")
+    lifecycle.post_message(conversation.id, "and cats", strategy="steer")
+    thread.join(20)
+    assert lost and Run.objects.get(pk=run.id).status == "completed"
+    second = server.of("m-chat")[1]  # the steered message was answered in a second turn
+    assert second.messages[-1] == {"role": "user", "content": "and cats"}
+    replies = Event.objects.filter(conversation_id=conversation.id, type="message.assistant")
+    assert [e.data["content"] for e in replies.order_by("seq")] == [
+        "About dogs.",
+        "About dogs, and cats.",
+    ]
