@@ -266,18 +266,15 @@ class ChatRun:
         A try whose commit went through just before its connection broke shows in the run's
         count of the messages it took, which only the run itself moves while it runs.
         """
-        before, tried = self.run.steers_taken, False
+        before = self.run.steers_taken
 
-        def take() -> int:
-            nonlocal tried
-            if tried:
-                taken = store.steers_taken(self.run.id)
-                if taken > before:
-                    return taken
-            tried = True
-            return before + len(store.take_steers(self.run.id))
+        def landed() -> int | None:
+            taken = store.steers_taken(self.run.id)
+            return taken if taken > before else None
 
-        self.run.steers_taken = reconnecting(take)
+        self.run.steers_taken = reconnecting(
+            lambda: before + len(store.take_steers(self.run.id)), landed=landed
+        )
         return self.run.steers_taken > before
 
     def _keep_interrupted_reply(self) -> None:
@@ -297,19 +294,14 @@ class ChatRun:
         so it is not written twice.
         """
         task_id = self.ctx.task_id or ""
+        conversation_id = self.ctx.conversation_id
         rows = [(kind, data, self.run.id, other or task_id) for kind, data, other in events]
         last = (rows[-1][0], json.loads(json.dumps(rows[-1][1])))  # as the log reads it back
-        tried = False
 
-        def append() -> None:
-            nonlocal tried
-            conversation_id = self.ctx.conversation_id
-            if tried and store.last_of_run(conversation_id, self.run.id, WRITTEN) == last:
-                return
-            tried = True
-            store.append_events(conversation_id, rows)
+        def landed() -> bool | None:
+            return store.last_of_run(conversation_id, self.run.id, WRITTEN) == last or None
 
-        reconnecting(append)
+        reconnecting(lambda: store.append_events(conversation_id, rows), landed=landed)
 
     def _publish_delta(self, piece: str) -> None:
         """Hand a piece of the reply being written to the conversation's live readers."""
@@ -394,7 +386,7 @@ class ChatRun:
 
     def _pause(self, batch: Batch) -> RunOutcome:
         escalated = [e.task_id for e in batch.escalated.values()]
-        if self.ctx.read_stop_request() == "after_turn" or self.ctx.stop_now():
+        if self._read_stop_request() == "after_turn" or self.ctx.stop_now():
             # A run told to stop never pauses for a person; the children it waits on go too.
             delegation.stop_children(escalated)
             if self.ctx.stop.now:

@@ -39,17 +39,31 @@ def told(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def reconnecting(write: Callable[[], T], *, window: float = RECONNECT_WINDOW) -> T:
+def reconnecting(
+    write: Callable[[], T],
+    *,
+    landed: Callable[[], T | None] | None = None,
+    window: float = RECONNECT_WINDOW,
+) -> T:
     """Call `write`, retrying while the database is unreachable (a restart) for up to `window` s.
 
     Each store operation is one transaction, so a retry repeats a whole compare-and-set: one that
-    committed before the connection broke simply loses the second time. A lost connection is
-    retried whatever error a lookup on the way wrapped it in (`SpawnError` from `meta_for`).
+    committed before the connection broke simply loses the second time. A write that would not
+    lose (an append) names `landed`, asked before each retry: what a try whose commit went through
+    before its connection broke wrote, or None; the retry returns that instead of writing again.
+    A lost connection is retried whatever error a lookup on the way wrapped it in (`SpawnError`
+    from `meta_for`).
     """
     deadline = time.monotonic() + window
     delay = 0.2
+    tried = False
     while True:
         try:
+            if tried and landed is not None:
+                done = landed()
+                if done is not None:
+                    return done
+            tried = True
             return write()
         except Exception as exc:
             if (
