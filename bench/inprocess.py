@@ -6,7 +6,7 @@ of one step goes (cProfile, by internal time).
 
     .venv/bin/python bench/inprocess.py --n 500 [--profile] [--json]
 
-DB_SERVER_SIDE_BINDING=1 measures it with psycopg's server-side binding (prepared statements).
+DB_PREPARED=0 measures it without prepared statements (psycopg binding the parameters itself).
 """
 
 import argparse

@@ -147,12 +147,12 @@ def limit_rows(n: int) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def in_process_bound(n: int) -> dict[str, list]:
-    """The in-process figures with psycopg's server-side binding, in a subprocess."""
+def in_process_unprepared(n: int) -> dict[str, list]:
+    """The in-process figures without prepared statements, in a subprocess."""
     output = subprocess.run(
         [sys.executable, "inprocess.py", f"--n={n}", "--json"],
         cwd=HERE,
-        env={**os.environ, "DB_SERVER_SIDE_BINDING": "1"},
+        env={**os.environ, "DB_PREPARED": "0"},
         capture_output=True,
         text=True,
         check=True,
@@ -285,8 +285,8 @@ def main() -> None:
                 "goal <= 3 ms",
             )
         )
-    for step, (ms, _) in in_process_bound(steps).items():
-        rows.append((f"  the same with server_side_binding: {step}", f"{ms:.2f} ms", "", ""))
+    for step, (ms, _) in in_process_unprepared(steps).items():
+        rows.append((f"  the same without prepared statements: {step}", f"{ms:.2f} ms", "", ""))
     rate, base = creates.measure(n)
     rows.append(
         (

@@ -69,7 +69,12 @@ TEMPLATES = [
 # instead, the web server's old default). DB_POOL_SIZE bounds each process's pool.
 POOLED = os.environ.get("DB_POOL") != "0"
 POOL_SIZE = int(os.environ.get("DB_POOL_SIZE", "10"))
-SERVER_SIDE_BINDING = os.environ.get("DB_SERVER_SIDE_BINDING") == "1"
+# Prepared statements (DB_PREPARED=0 turns them off): psycopg 3 binds the parameters on the server
+# and prepares a statement the fifth time a connection runs it, so PostgreSQL parses and plans each
+# task's create, claim and ending once per connection instead of every time (about an eighth of
+# its CPU in a burst of echo tasks: docs/performance.md#cost-per-task). Django leaves them off by
+# default for connection poolers in transaction mode that cannot carry them (PgBouncer before 1.21).
+PREPARED = os.environ.get("DB_PREPARED") != "0"
 
 
 def database_from_url(url: str) -> dict:
@@ -94,9 +99,7 @@ def database_from_url(url: str) -> dict:
         "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             **({"pool": {"min_size": 1, "max_size": POOL_SIZE, "timeout": 30}} if POOLED else {}),
-            # DB_SERVER_SIDE_BINDING=1: psycopg 3 binds parameters on the server (prepared
-            # statements); measured by `make bench` (the README's Performance section).
-            **({"server_side_binding": True} if SERVER_SIDE_BINDING else {}),
+            **({"server_side_binding": True, "prepare_threshold": 5} if PREPARED else {}),
         },
         "TEST": {"NAME": "test_" + unquote(parts.path.lstrip("/"))},
     }
