@@ -6,6 +6,7 @@ compare-and-sets bound to the run.
 """
 
 import pytest
+from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from agenttasks import store
@@ -79,6 +80,18 @@ def test_the_job_commits_with_the_task(user):
     (job,) = OrmQ.objects.all()
     package = SignedPackage.loads(job.payload)
     assert (package["func"], package["args"]) == (queue.EXECUTE_RUN, (task.run_id,))
+
+
+@pytest.mark.postgres
+def test_a_create_a_connection_ran_five_times_is_prepared(user):
+    """The demo settings prepare statements (docs/installation.md#database-settings): from the
+    sixth create on, PostgreSQL runs the one statement it parsed and planned once."""
+    for _ in range(6):
+        store.create_task(NewTask(owner=user, agent="worker", input="x"))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for (statement,) in cursor.fetchall()]
+    assert any("agenttasks_create_task_v4" in statement for statement in prepared), prepared
 
 
 def test_a_refused_create_writes_nothing(parent):
