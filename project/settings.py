@@ -70,8 +70,8 @@ TEMPLATES = [
 POOLED = os.environ.get("DB_POOL") != "0"
 POOL_SIZE = int(os.environ.get("DB_POOL_SIZE", "10"))
 # Prepared statements (DB_PREPARED=0 turns them off): psycopg 3 binds the parameters on the server
-# and prepares a statement the fifth time a connection runs it, so PostgreSQL parses and plans each
-# task's create, claim and ending once per connection instead of every time (about an eighth of
+# and prepares a statement once a connection has run it five times, so PostgreSQL parses and plans
+# each task's create, claim and ending once per connection instead of every time (about a tenth of
 # its CPU in a burst of echo tasks: docs/performance.md#cost-per-task). Django leaves them off by
 # default for connection poolers in transaction mode that cannot carry them (PgBouncer before 1.21).
 PREPARED = os.environ.get("DB_PREPARED") != "0"
