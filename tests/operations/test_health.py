@@ -4,7 +4,6 @@ import base64
 import os
 import re
 import socket
-import time
 from datetime import timedelta
 
 import pytest
@@ -39,13 +38,10 @@ def test_after_a_pass_it_is_ok_fast_and_says_no_more_to_anyone(
 ):
     health.record_pass()  # what reaper.reap() does after each pass
     with django_assert_max_num_queries(1):
-        begun = time.perf_counter()
         response = client.get(URL)
-        elapsed = time.perf_counter() - begun
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
     assert response["Cache-Control"] == "no-store"
-    assert elapsed < 0.1
 
 
 def test_an_old_pass_is_degraded(client):
@@ -75,9 +71,7 @@ def test_staff_get_the_details_in_three_queries(admin_client, user, django_asser
         name="reaper", node="node-7:42", finished_at=timezone.now() - timedelta(seconds=4)
     )
     with django_assert_max_num_queries(3):  # the session, the user, and one statement
-        begun = time.perf_counter()
         response = admin_client.get(URL)
-        elapsed = time.perf_counter() - begun
     assert response.status_code == 200
     body = response.json()
     assert body["status"] == "ok"
@@ -88,7 +82,6 @@ def test_staff_get_the_details_in_three_queries(admin_client, user, django_asser
     assert 120 <= details["queue"]["oldestQueuedAgeSeconds"] < 130
     assert details["leases"] == {"expired": 1}
     assert 0 < details["database"]["roundTripMs"] < 100
-    assert elapsed < 0.1
 
 
 def test_a_model_endpoint_at_its_limit_is_said_without_changing_the_status(
