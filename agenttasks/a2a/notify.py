@@ -16,7 +16,8 @@ from ..states import NOTIFIED
 
 logger = logging.getLogger("agenttasks.a2a.push")
 
-# Every ending and pause asks, most tasks have no config: plain SQL, without the ORM's compiling.
+# Asked after the writes that did not read them (an ending on PostgreSQL does), and most tasks
+# have no config: plain SQL, without the ORM's compiling.
 CONFIGS_OF_TASK = f"SELECT id FROM {A2APushConfig._meta.db_table} WHERE task_id = %s"
 
 
@@ -24,13 +25,15 @@ def on_task_updated(sender, task=None, **kwargs) -> None:
     """Queue one delivery per config of a task that entered a notified state."""
     if task is None or task.status not in NOTIFIED:
         return
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(CONFIGS_OF_TASK, [task.id])
-            config_ids = [pk for (pk,) in cursor.fetchall()]
-    except Exception:
-        logger.exception("a2a.push_lookup_failed task=%s", task.id)
-        return
+    config_ids = task.push_configs_at_end  # an ending on PostgreSQL read them under its lock
+    if config_ids is None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(CONFIGS_OF_TASK, [task.id])
+                config_ids = [pk for (pk,) in cursor.fetchall()]
+        except Exception:
+            logger.exception("a2a.push_lookup_failed task=%s", task.id)
+            return
     for pk in config_ids:
         queue.enqueue_job(deliveries.PUSH_JOB, pk, task.status, task.version)
 

@@ -42,7 +42,7 @@ def announce(task: Task) -> None:
         own_run_boundary(task)
     elif task.status == TaskStatus.WAITING_FOR_INPUT:
         callbacks.schedule(task, task.status)
-        if task.run.status != RunStatus.PAUSED and store.messages_wait(task.id):
+        if task.run.status != RunStatus.PAUSED and _messages_wait(task):
             wakeups.schedule_delivery(task.conversation_id)  # a waiting message answers it
         # A child may have settled between its escalation and this pause: check once after it.
         transaction.on_commit(lambda: resume_if_settled(task.conversation_id))
@@ -51,8 +51,14 @@ def announce(task: Task) -> None:
 def own_run_boundary(task: Task) -> None:
     """Deliver what a task's own conversation is owed: the results of its children (only a task
     that may spawn has any), and the messages that wait to re-open it (docs/lifecycle.md#busy-tasks)."""
-    if app_settings.MAX_DEPTH > 1 or store.messages_wait(task.id):
+    if app_settings.MAX_DEPTH > 1 or _messages_wait(task):
         wakeups.schedule_delivery(task.conversation_id)
+
+
+def _messages_wait(task: Task) -> bool:
+    """Say whether messages wait to re-open a task: as its ending read it, else asked now."""
+    known = task.messages_wait_at_end
+    return store.messages_wait(task.id) if known is None else known
 
 
 def launch(run_id: str) -> None:

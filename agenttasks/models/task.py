@@ -177,6 +177,11 @@ class Task(models.Model):
 
     # Set by the store's reopen on the task it returns: the comment that re-opened it.
     new_comment: "Comment | None"
+    # Set by an ending on PostgreSQL on the task it settles in a notified status, as read under
+    # the task's row lock (agenttasks_end_v3); None where nothing read them: whether messages
+    # wait to re-open it, and the ids of its A2A push configs.
+    messages_wait_at_end: bool | None = None
+    push_configs_at_end: list[int] | None = None
 
     class Meta:
         verbose_name = "task"

@@ -1,11 +1,11 @@
 """The SQL the migrations install on PostgreSQL: one template per version of a function.
 
 What SQL and Python share is written into a template from Python (`render`), so each has one
-source: `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:allowed` (the pairs of
-states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name renames), `:id_length` and
-`:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's queue table),
-`:runs_channel` (the channel worker processes listen on), `:jobs_channel` (the channel idle
-pushers of agenttasks.broker.orm listen on) and the channels of
+source: `:live` (states.LIVE), `:notified` (states.NOTIFIED), `:run_ended` (states.RUN_ENDED),
+`:allowed` (the pairs of states.TRANSITIONS), `:trigger_names` (the triggers states.trigger_name
+renames), `:id_length` and `:id_alphabet` (the id format of agenttasks.ids), `:ormq` (django-q2's
+queue table), `:runs_channel` (the channel worker processes listen on), `:jobs_channel` (the
+channel idle pushers of agenttasks.broker.orm listen on) and the channels of
 agenttasks.broker.listen (`:events_channel`, `:stop_channel`, `:task_ended_channel`).
 
 A migration never renders: it runs the text frozen in `agenttasks/migrations/frozen/` when it was
@@ -43,7 +43,7 @@ def constants() -> dict[str, str]:
     from ..broker.listen import EVENTS_CHANNEL, STOP_CHANNEL, TASK_ENDED_CHANNEL
     from ..broker.queue import JOBS_CHANNEL, ORMQ_TABLE, RUNS_CHANNEL
     from ..ids import ALPHABET, ID_LENGTH
-    from ..states import LIVE, NOTIFIED, TRANSITIONS, RunTrigger, trigger_name
+    from ..states import LIVE, NOTIFIED, RUN_ENDED, TRANSITIONS, RunTrigger, trigger_name
 
     renamed = {t: trigger_name(t) for t in RunTrigger if trigger_name(t) != t}
     return {
@@ -55,6 +55,7 @@ def constants() -> dict[str, str]:
         ":live": _literals(LIVE),
         ":notified": _literals(NOTIFIED),
         ":ormq": ORMQ_TABLE,
+        ":run_ended": _literals(RUN_ENDED),
         ":runs_channel": f"'{RUNS_CHANNEL}'",
         ":stop_channel": f"'{STOP_CHANNEL}'",
         ":task_ended_channel": f"'{TASK_ENDED_CHANNEL}'",

@@ -2,8 +2,8 @@
 
 `end` is the one finalize of the app: a run's ending reported by its worker, a stop, the
 reaper's orphans, a lapsed action and a retry that could not start all go through it. On
-PostgreSQL it is one statement (the `agenttasks_end_v2` SQL function); elsewhere the same steps run
-through the ORM in one transaction.
+PostgreSQL it is one statement (the `agenttasks_end_v3` SQL function); elsewhere the same steps
+run through the ORM in one transaction.
 """
 
 from datetime import datetime

@@ -1,7 +1,7 @@
 """The hot transitions on PostgreSQL, each one statement: create, claim and end.
 
 Each calls a versioned SQL function of `agenttasks/sql/` (`agenttasks_create_task_v4`,
-`agenttasks_claim_v2`, `agenttasks_claim_runs_v8`, `agenttasks_end_v2`), as procrastinate does
+`agenttasks_claim_v2`, `agenttasks_claim_runs_v8`, `agenttasks_end_v3`), as procrastinate does
 for its jobs. The function takes the same row locks in the same order as the ORM path
 (`store.locking`), re-checks the same run-bound predicate on the locked rows, writes, and appends
 the events; the rows come back as JSON, so nothing is read again. The ORM path (SQLite) keeps the
@@ -234,10 +234,13 @@ def end(
         params["after_turn"] = _ending(after_turn)
     if lease_cutoff is not None:
         params["lease_cutoff"] = lease_cutoff
-    answer = _answer(_call("agenttasks_end_v2", JSON(params)))
+    answer = _answer(_call("agenttasks_end_v3", JSON(params)))
     if answer.get("missing"):
         raise TaskNotFound(task_id)
     task = _linked(answer)[0] if answer.get("task") is not None else None
+    if task is not None and "messages_wait" in answer:
+        task.messages_wait_at_end = answer["messages_wait"]
+        task.push_configs_at_end = answer["push_configs"]
     announce_events(c for c in answer.get("conversations") or () if c)
     return Ended(recorded=answer["recorded"], task=task)
 

@@ -10,9 +10,11 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from agenttasks import store
+from agenttasks.a2a import notify
 from agenttasks.broker import queue
 from agenttasks.exceptions import ActiveTaskLimit
-from agenttasks.models import Event, Task, Wakeup
+from agenttasks.lifecycle import effects
+from agenttasks.models import A2APushConfig, Event, Task, Wakeup
 from agenttasks.types import Ending, NewTask, RunOutcome
 
 from ..conftest import run_threads
@@ -47,6 +49,27 @@ def test_ending_is_one_statement(parent, django_assert_num_queries):
         ended = store.end(task.id, task.run_id, Ending("completed", result="done"), outcome=outcome)
     assert ended.recorded and ended.task.status == "completed"
     assert Wakeup.objects.get(task_id=task.id).status == "completed"  # with its debt
+
+
+@pytest.mark.postgres
+def test_an_ending_answers_what_its_effects_ask(parent, django_assert_num_queries):
+    """The ending reads whether messages wait and the task's push configs under its lock, as the
+    effects' own statements would after it; the effects then ask neither again."""
+    quiet = spawned(parent)
+    store.claim(quiet.run_id, "w1")
+    ended = store.end(quiet.id, quiet.run_id, Ending("completed", result="done")).task
+    assert (ended.messages_wait_at_end, ended.push_configs_at_end) == (False, [])
+    with django_assert_num_queries(0):
+        effects.own_run_boundary(ended)
+        notify.on_task_updated(Task, task=ended)
+
+    busy = spawned(parent)
+    config = A2APushConfig.objects.create(task=busy, url="http://127.0.0.1:9/hook")
+    store.claim(busy.run_id, "w1")
+    store.send_to_busy_task(busy.id, "and this", strategy="enqueue")  # waits behind the run
+    ended = store.end(busy.id, busy.run_id, Ending("completed", result="done")).task
+    assert ended.messages_wait_at_end is True and store.messages_wait(busy.id)
+    assert ended.push_configs_at_end == [config.pk]
 
 
 @pytest.mark.postgres
