@@ -5,7 +5,10 @@ Writers in this process publish after commit. On PostgreSQL one listener thread 
 LISTENs to the notifications the database triggers send at commit, so writes made by any process
 wake waiters at once. It listens only to the channels this process has waiters on: a worker
 process, which waits only for stop requests, is not woken by every event of every conversation.
-Waiters still poll, so nothing depends on delivery.
+And the triggers notify a conversation's events and a task's settling only while some process
+says it listens to their channel (`ListenedChannel`), which a listener says while its waiters
+wait: PostgreSQL commits notifying transactions one at a time. Waiters still poll, so nothing
+depends on delivery.
 """
 
 import logging
@@ -30,6 +33,13 @@ STOP_CHANNEL = "agenttasks_run_stop"
 CHANNELS = {TASK_ENDED_CHANNEL: "task:", EVENTS_CHANNEL: "conv:", STOP_CHANNEL: "stop:"}
 CHANNEL_OF = {prefix: channel for channel, prefix in CHANNELS.items()}
 LISTEN_POLL = 0.2  # seconds between checks for a channel newly asked for
+# The channels the triggers notify only while some process says it listens there
+# (ListenedChannel, agenttasks/sql/notify_v2.sql): a listener says so before it LISTENs, and
+# again every LISTENED_RENEW seconds while its waiters need the channel; LISTENED_FOR after the
+# last say-so the triggers stop notifying.
+GATED_CHANNELS = frozenset({TASK_ENDED_CHANNEL, EVENTS_CHANNEL})
+LISTENED_RENEW = 5.0
+LISTENED_FOR = 30.0
 LISTENER_PREFIX = "agenttasks "  # a listener session's name: this, then its process's name
 HOST = socket.gethostname()
 
@@ -163,6 +173,12 @@ class Hub:
             thread.join(5)
         self._thread = None
 
+    def _needed(self) -> set[str]:
+        """The channels this process's waiters and handlers need now."""
+        with self._lock:
+            prefixes = {key.split(":", 1)[0] + ":" for key in self._waiters}
+            return {c for c in self._channels if c in self._handlers or CHANNELS.get(c) in prefixes}
+
     def _send_repeats(self, conn) -> None:
         now = time.monotonic()
         with self._lock:
@@ -181,8 +197,14 @@ class Hub:
                     listening = self.listening = set()
                     with self._lock:  # a new session: say every repeated notification again
                         self._repeats = {k: (every, 0.0) for k, (every, _) in self._repeats.items()}
+                    renew_at = 0.0
                     while not self._stop.is_set():
                         new = self._channels - listening
+                        if time.monotonic() >= renew_at:
+                            _say_listened(conn, self._needed() & GATED_CHANNELS)
+                            renew_at = time.monotonic() + LISTENED_RENEW
+                        elif new & GATED_CHANNELS:
+                            _say_listened(conn, new & GATED_CHANNELS)
                         if new:
                             # Every channel again, in one statement (LISTEN twice is harmless):
                             # the session's last query then names all it listens to.
@@ -205,6 +227,29 @@ class Hub:
                     return
                 logger.warning("listen.reconnect", exc_info=True)
                 self._stop.wait(1.0)
+
+
+def _say_listened(conn, channels: set[str]) -> None:
+    """Say that this process listens to `channels` for the next LISTENED_FOR seconds.
+
+    A failure is logged, not raised: the waiters still poll, and the listener still LISTENs.
+    """
+    if not channels:
+        return
+    from ..models import ListenedChannel  # lazily: the app registry is ready by now
+
+    table = ListenedChannel._meta.db_table
+    try:
+        # In the channels' order, so that two processes saying so at once never deadlock.
+        conn.execute(
+            f"INSERT INTO {table} (channel, until)"
+            " SELECT channel, now() + make_interval(secs => %s)"
+            " FROM unnest(%s::text[]) AS channel"
+            f" ON CONFLICT (channel) DO UPDATE SET until = greatest({table}.until, excluded.until)",
+            [LISTENED_FOR, sorted(channels)],
+        )
+    except Exception:
+        logger.warning("listen.listened_not_said channels=%s", sorted(channels), exc_info=True)
 
 
 def process_name() -> str:

@@ -8,7 +8,7 @@ from .delivery import Delivery
 from .file import File
 from .idempotency import IdempotencyKey
 from .limits import ProviderBudget, ProviderPermit
-from .ops import Counter, ReaperPass, TaskCount, WorkerProcess
+from .ops import Counter, ListenedChannel, ReaperPass, TaskCount, WorkerProcess
 from .run import Run
 from .schedule import Schedule, ScheduleTick
 from .slot import Slot
@@ -26,6 +26,7 @@ __all__ = [
     "Event",
     "File",
     "IdempotencyKey",
+    "ListenedChannel",
     "PendingAction",
     "ProviderBudget",
     "ProviderPermit",

@@ -1,4 +1,5 @@
-"""Operating records: the last reaper pass (for health checks), durable metric counters and task counts."""
+"""Operating records: the last reaper pass (for health checks), durable metric counters, task
+counts, worker processes and the notification channels that have listeners."""
 
 from django.db import models
 
@@ -78,3 +79,23 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class ListenedChannel(models.Model):
+    """A notification channel some process listens to, until `until` unless renewed.
+
+    On PostgreSQL a process's listener renews the rows of the channels its waiters need while
+    they wait (agenttasks.broker.listen), and the triggers notify `agenttasks_events` and
+    `agenttasks_task_ended` only while their row is current: a commit nobody waits on takes no
+    part in PostgreSQL's one-at-a-time queueing of notifying commits (docs/architecture.md#waking-waiters).
+    """
+
+    channel = models.CharField("channel", primary_key=True, max_length=63)
+    until = models.DateTimeField("listened until")
+
+    class Meta:
+        verbose_name = "listened channel"
+        verbose_name_plural = "listened channels"
+
+    def __str__(self) -> str:
+        return self.channel
