@@ -12,6 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agenttasks import store
+from agenttasks.broker import listen
 from agenttasks.broker.listen import (
     EVENTS_CHANNEL,
     TASK_ENDED_CHANNEL,
@@ -87,3 +88,14 @@ def test_a_waiting_listener_hears_the_events_and_the_settling(user, listener):
     assert payloads[TASK_ENDED_CHANNEL] == [task.id]
     assert payloads[EVENTS_CHANNEL] == [task.conversation_id] * 3  # create, claim, ending
     assert not hub._needed() & set(CHANNELS)  # no longer renewed: the rows lapse
+
+
+def test_a_listener_says_it_again_while_its_waiters_wait(user, monkeypatch):
+    """A stream followed longer than LISTENED_FOR keeps its notifications: the row is renewed."""
+    monkeypatch.setattr(listen, "LISTENED_RENEW", 0.05)
+    task = store.create_task(NewTask(owner=user, agent="worker", input="x"))
+    with hub.subscribe(conversation_key(task.conversation_id)):
+        wait_for(lambda: listened(EVENTS_CHANNEL), message="the hub to say it listens")
+        ListenedChannel.objects.all().delete()  # as if its 30 s had passed
+        # The renewal due before the patch may be up to LISTENED_RENEW's 5 s away.
+        wait_for(lambda: listened(EVENTS_CHANNEL), timeout=15, message="the hub to say it again")
