@@ -200,11 +200,9 @@ class Hub:
                     renew_at = 0.0
                     while not self._stop.is_set():
                         new = self._channels - listening
-                        if time.monotonic() >= renew_at:
+                        if new & GATED_CHANNELS or time.monotonic() >= renew_at:
                             _say_listened(conn, self._needed() & GATED_CHANNELS)
                             renew_at = time.monotonic() + LISTENED_RENEW
-                        elif new & GATED_CHANNELS:
-                            _say_listened(conn, new & GATED_CHANNELS)
                         if new:
                             # Every channel again, in one statement (LISTEN twice is harmless):
                             # the session's last query then names all it listens to.

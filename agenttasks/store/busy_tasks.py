@@ -280,7 +280,8 @@ def _stop_now(log: Log, run: Run, request: str, now: datetime) -> None:
     run.save()
 
 
-# Every ending asks (lifecycle/effects.py): plain SQL, without the ORM's compiling of a query.
+# Asked after an ending that did not read it (lifecycle/effects.py; on PostgreSQL agenttasks_end_v3
+# reads the same under the task's lock): plain SQL, without the ORM's compiling of a query.
 MESSAGES_WAIT = (
     "SELECT 1 FROM agenttasks_run WHERE task_id = %s AND (status = %s OR (status IN ("
     + ", ".join(["%s"] * len(RUN_ENDED))

@@ -44,7 +44,8 @@ def heard(listener) -> dict[str, list[str]]:
     """The payloads heard on each channel before a marker notified now."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_notify(%s, %s), pg_notify(%s, %s)", [*CHANNELS[:1], MARK, CHANNELS[1], MARK]
+            "SELECT pg_notify(%s, %s), pg_notify(%s, %s)",
+            [EVENTS_CHANNEL, MARK, TASK_ENDED_CHANNEL, MARK],
         )
     payloads: dict[str, list[str]] = {channel: [] for channel in CHANNELS}
     marked: set[str] = set()
