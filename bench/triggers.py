@@ -3,41 +3,20 @@ migration 0036 (`agenttasks_task_changed_v1`) and with the four triggers it repl
 
 Each round copies N finished tasks as new pending ones, claims them (pending -> running) and ends
 them (running -> completed), one statement each from a PL/pgSQL loop, in a transaction that is
-rolled back (and vacuumed away before the next round); the replaced triggers' functions stay installed for the migration's way back, so a
-round of them swaps the triggers inside its own transaction. Medians of interleaved rounds, in
-microseconds a statement.
+rolled back (and vacuumed away before the next round). A round of the replaced triggers runs
+migration 0036's way back inside its transaction (their functions stay installed for it).
+Medians of interleaved rounds, in microseconds a statement.
 
     .venv/bin/python bench/triggers.py --n 2000 --rounds 3
 """
 
 import argparse
+import importlib
 import json
 import statistics
 import time
 
 from common import bench_user, clean, setup_django
-
-# The triggers migration 0036 replaced, as migrations 0012-0035 left them.
-REPLACED = """
-DROP TRIGGER agenttasks_task_changed ON agenttasks_task;
-DROP TRIGGER agenttasks_task_inserted ON agenttasks_task;
-CREATE TRIGGER agenttasks_task_transition BEFORE UPDATE OF status ON agenttasks_task
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION agenttasks_task_transition_v1();
-CREATE TRIGGER agenttasks_task_counted_insert AFTER INSERT ON agenttasks_task
-    REFERENCING NEW TABLE AS counted_new
-    FOR EACH STATEMENT EXECUTE FUNCTION agenttasks_count_tasks_v2();
-CREATE TRIGGER agenttasks_task_counted_update AFTER UPDATE ON agenttasks_task
-    REFERENCING OLD TABLE AS counted_old NEW TABLE AS counted_new
-    FOR EACH STATEMENT EXECUTE FUNCTION agenttasks_count_tasks_v2();
-CREATE TRIGGER agenttasks_owe_deliveries AFTER UPDATE OF status ON agenttasks_task
-    FOR EACH ROW WHEN (NEW.status IN ('cancelled', 'completed', 'failed', 'waiting_for_input')
-                       AND OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION agenttasks_owe_deliveries_v1();
-CREATE TRIGGER agenttasks_task_settled AFTER UPDATE OF status ON agenttasks_task
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION agenttasks_task_settled_v2();
-"""
 
 STEPS = {
     "insert": """
@@ -80,7 +59,8 @@ def one_round(n: int, replaced: bool) -> dict[str, float]:
     spent = {}
     with transaction.atomic(), connection.cursor() as cursor:
         if replaced:
-            cursor.execute(REPLACED)
+            # Migration 0036's way back: the four triggers as migrations 0012-0035 left them.
+            cursor.execute(importlib.import_module("agenttasks.migrations.0036_task_changes").BACK)
         # Fresh ids and conversation ids (their foreign keys are checked at commit: never).
         cursor.execute(
             "CREATE TEMP TABLE bench_source ON COMMIT DROP AS SELECT * FROM agenttasks_task "
